@@ -1,0 +1,1 @@
+"""Dagster resources and the pluggable seams they wrap: destinations, subscribers, buffers, sinks."""

@@ -1,0 +1,79 @@
+"""The destination seam: where archive bytes land, and the compare-and-swap that commits a manifest.
+
+Two kinds of writes exist. Artifact objects are immutable and keyed deterministically, so a plain
+`put` (atomic replace) is safe to repeat. The manifest is the commit point, so it is written only
+with `put_if`, a compare-and-swap on the object's revision: two writers can never both think they
+advanced the same head. Implementations: local filesystem and S3 (one conformance suite,
+tests/destinations/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol
+
+
+class DestinationError(Exception):
+    """An operation on a destination failed (unreachable, denied, misconfigured)."""
+
+
+class CASConflict(DestinationError):
+    """`put_if` lost: the object's current revision is not the expected one (or it exists/is absent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    uri: str
+    size: int
+    revision: str
+
+
+@dataclass(frozen=True, slots=True)
+class GetResult:
+    data: bytes
+    revision: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+class Destination(Protocol):
+    """A flat key space of immutable-ish objects under one root (a directory, an S3 bucket + prefix)."""
+
+    name: str
+
+    def uri(self, key: str) -> str:
+        """The full URI of `key` (`file:///abs/path` or `s3://bucket/prefix/key`)."""
+        ...
+
+    def put(self, key: str, stream: BinaryIO | bytes) -> PutResult:
+        """Store `stream` at `key`, replacing atomically: readers see the old or the new object, never a part."""
+        ...
+
+    def get(self, key: str) -> GetResult | None:
+        """The object's bytes and revision, or None when it does not exist."""
+        ...
+
+    def open_read(self, key: str) -> BinaryIO:
+        """A stream over the object (for artifacts too large to hold); FileNotFoundError when missing."""
+        ...
+
+    def put_if(self, key: str, data: bytes, expected_revision: str | None) -> str:
+        """Compare-and-swap: write only if the current revision is `expected_revision`.
+
+        `expected_revision=None` means the object must not exist. Returns the new revision;
+        raises CASConflict when the condition does not hold.
+        """
+        ...
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with `prefix`, in key order."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove the object; deleting a missing object is not an error."""
+        ...

@@ -1,0 +1,1 @@
+"""Dagster sensors: ingest supervision, re-base triggers, event-outbox retries."""

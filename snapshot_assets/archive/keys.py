@@ -1,0 +1,151 @@
+"""Object keys and row keys: the parts of the layout that laredo readers recompute, not look up.
+
+laredo readers derive every object key from (key_prefix, epoch, positions, extension) and ignore
+the URIs stored in the manifest, so these functions are part of the compatibility contract.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from snapshot_assets.archive.gonum import go_v_float
+
+MANIFEST_NAME = "manifest.json"
+
+
+def san(position: str) -> str:
+    """Sanitise a position for an object key: "" -> "0"; `/`, `:` and space -> `_`."""
+    if position == "":
+        return "0"
+    return position.replace("/", "_").replace(":", "_").replace(" ", "_")
+
+
+def default_key_prefix(table: str) -> str:
+    """laredo's default per-table prefix: the table name without its schema, as a folder."""
+    return table.rsplit(".", 1)[-1] + "/"
+
+
+def manifest_key(key_prefix: str) -> str:
+    return f"{key_prefix}{MANIFEST_NAME}"
+
+
+def snapshot_key(key_prefix: str, epoch: int, to_position: str, ext: str) -> str:
+    return f"{key_prefix}epoch={epoch}/snapshot-{san(to_position)}{ext}"
+
+
+def diff_key(key_prefix: str, epoch: int, from_position: str, to_position: str, ext: str) -> str:
+    return f"{key_prefix}epoch={epoch}/diff-{san(from_position)}-{san(to_position)}{ext}"
+
+
+def go_v(value: Any) -> str:
+    """Print one value the way Go's `%v` prints what encoding/json decoded (or a typed Go value)."""
+    if value is None:
+        return "<nil>"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return go_v_float(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, _dt.datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        inner = " ".join(f"{k}:{go_v(value[k])}" for k in sorted(value))
+        return f"map[{inner}]"
+    if isinstance(value, (list, tuple)):
+        return "[" + " ".join(go_v(v) for v in value) + "]"
+    return str(value)
+
+
+def row_key(row: Mapping[str, Any] | None, key_fields: Sequence[str]) -> str:
+    """laredo's key string: one field prints alone, several as `[v1 v2 ...]`, missing as `<nil>`."""
+    values = [None if row is None else row.get(f) for f in key_fields]
+    if len(values) == 1:
+        return go_v(values[0])
+    return "[" + " ".join(go_v(v) for v in values) + "]"
+
+
+def laredo_row_key(row: Mapping[str, Any] | None, key_fields: Sequence[str]) -> str:
+    """The key string laredo's reader computes for a row it decoded from JSON (every number a double).
+
+    Writers put this in a diff's `key` so laredo folds this project's diffs onto its snapshots:
+    id 1000000 keys as `1e+06`.
+    """
+    if row is None:
+        return row_key(None, key_fields)
+    as_go = {f: (float(v) if isinstance(v, int) and not isinstance(v, bool) else v)
+             for f, v in ((f, row.get(f)) for f in key_fields)}
+    return row_key(as_go, key_fields)
+
+
+def _canonical(value: Any) -> Any:
+    """Identity of one key component, independent of the format that carried it.
+
+    Integral floats and decimal-integer strings written by the protobuf format for integers beyond
+    2^53 both become the exact int, so a row read from jsonl, protobuf or parquet keys the same.
+    """
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and _is_big_int_text(value):
+        return int(value)
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _canonical(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_canonical(v) for v in value)
+    return value
+
+
+_SAFE = 2**53
+
+
+_BIG_INT_TEXT = re.compile(r"-?[1-9][0-9]{15,}")
+
+
+def _is_big_int_text(text: str) -> bool:
+    """True for the decimal strings the protobuf format writes for integers beyond ±2^53."""
+    return _BIG_INT_TEXT.fullmatch(text) is not None and abs(int(text)) > _SAFE
+
+
+TypedKey = tuple[Any, ...]
+
+
+def typed_key(row: Mapping[str, Any], key_fields: Sequence[str]) -> TypedKey:
+    """The identity of a row for folding: its key values, canonicalised (exact integers)."""
+    return tuple(_canonical(row.get(f)) for f in key_fields)
+
+
+def parse_key_string(key: str, n_fields: int) -> TypedKey:
+    """Best-effort typed key from a `%v` key string, for a change that carries no row image.
+
+    Only used when a DELETE has no `old` row: split `[a b]` on spaces and read numbers exactly.
+    """
+
+    def parse_one(text: str) -> Any:
+        if text == "<nil>":
+            return None
+        if text in ("true", "false"):
+            return text == "true"
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            return _canonical(float(text))
+        except ValueError:
+            return text
+
+    if n_fields == 1:
+        return (parse_one(key),)
+    inner = key[1:-1] if key.startswith("[") and key.endswith("]") else key
+    parts = inner.split(" ")
+    if len(parts) != n_fields:
+        return (key,)
+    return tuple(parse_one(p) for p in parts)
