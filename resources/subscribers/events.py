@@ -1,0 +1,114 @@
+"""What every source yields: one ordered stream of schema, snapshot, change and boundary events.
+
+Every subscriber (laredo fan-out over Connect or gRPC, PostgreSQL logical replication, the
+generator) produces the same events, so the change buffer, the tests and the pipeline never care
+which source they face. The stream is ordered; positions never go backwards; a diff boundary may
+only fall on a `TxEnd`, which always carries a real (non-empty) position.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from snapshot_assets.archive.changes import Action, Row
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of the source table (laredo's ColumnDefinition / the manifest's `columns`)."""
+
+    name: str
+    type: str
+    nullable: bool = True
+    primary_key: bool = False
+    ordinal: int = 0
+    primary_key_ordinal: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TableSchema:
+    """The table's identity and shape; `key_fields` in primary-key order."""
+
+    table: str
+    columns: tuple[Column, ...]
+
+    @property
+    def key_fields(self) -> tuple[str, ...]:
+        pk = sorted((c for c in self.columns if c.primary_key), key=lambda c: (c.primary_key_ordinal, c.ordinal))
+        return tuple(c.name for c in pk)
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaEvent:
+    """The table's schema, first in every stream and again whenever it changes."""
+
+    schema: TableSchema
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncBegin:
+    """A full snapshot of the table follows: everything held so far is superseded.
+
+    Emitted for the initial load and whenever a source falls back to a full snapshot after a
+    resume (laredo FULL_SNAPSHOT, a re-created replication slot). The buffer records a re-sync
+    marker so the next artifact is a snapshot — never silent drift.
+    """
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRow:
+    row: Row
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncEnd:
+    """The snapshot is complete and consistent as of `position`; changes after it follow."""
+
+    position: str
+    row_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """One row change with its own source position (its transaction's commit position)."""
+
+    position: str
+    action: Action
+    old: Row | None = None
+    new: Row | None = None
+    commit_time: _dt.datetime | None = None
+    sequence: int = 0  # the source's own ordinal (laredo journal sequence), 0 when it has none
+
+
+@dataclass(frozen=True, slots=True)
+class TxEnd:
+    """End of a source transaction at `position`: the only place a diff boundary may fall."""
+
+    position: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+Event = SchemaEvent | ResyncBegin | SnapshotRow | ResyncEnd | ChangeEvent | TxEnd
+
+
+class Subscriber(Protocol):
+    """A source of events for one table.
+
+    `events(start)` starts from a durable position (None: from nothing, which means an initial
+    full load). `acknowledge(p)` tells the source that everything up to `p` is durable in the
+    buffer, so it may release it (PostgreSQL: confirm flush to the slot). `ordering` names the
+    comparator positions sort by (`lsn`, `sequence`).
+    """
+
+    ordering: str
+
+    def events(self, start: str | None) -> Iterator[Event]: ...
+
+    def acknowledge(self, position: str) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,460 @@
+"""The code location's configuration: one HOCON file, laredo-snapshotter's keys plus this project's.
+
+A laredo `snapshotter.conf` loads unchanged (single-table form, or `tables = [...]`). Unlike
+laredo, loading is strict: an unknown key, an unparseable duration or size, an unknown format,
+destination, sink or credentials profile fails the load with the file, the key path and the bad
+value — laredo silently turns such values into 0 or ignores them, which disables triggers
+without anyone noticing.
+
+Where the file comes from: `SNAPSHOTTER_CONFIG`, else the shipped demo config. Environment
+overrides: HOCON `${?VAR}` substitutions, and `SNAPSHOTTER__A__B__0__C=value` variables, which set
+`snapshotter.a.b[0].c` (list indices are numbers) before validation.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pyhocon import ConfigFactory, ConfigTree
+from pyhocon.exceptions import ConfigException
+
+from snapshot_assets.archive.formats import FORMATS
+from snapshot_assets.archive.keys import default_key_prefix
+from snapshot_assets.archive.policy import Policy
+from snapshot_assets.config_values import (
+    ValueParseError,
+    parse_bool,
+    parse_count,
+    parse_duration,
+    parse_fraction,
+    parse_size,
+)
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "demo.conf"
+ENV_PREFIX = "SNAPSHOTTER__"
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, always naming the file and the key path."""
+
+    def __init__(self, file: str, path: str, message: str) -> None:
+        super().__init__(f"{file}: {path}: {message}" if path else f"{file}: {message}")
+        self.file, self.path = file, path
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    type: str
+    schema: str
+    table: str
+    server: str = ""
+    client_id: str = ""
+    local_snapshot_path: str = ""
+    protocol: str = "connect"
+    dsn: str = ""
+    slot: str = ""
+    publication: str = ""
+    create_slot: bool = True
+    recreate_slot_on_loss: bool = False
+    generator: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def qualified_table(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+@dataclass(frozen=True)
+class BufferConfig:
+    path: str = ".snapshotter/buffer"
+    seal_interval: _dt.timedelta = _dt.timedelta(seconds=1)
+    seal_changes: int = 10_000
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    remote: str = ""
+    master: str = ""
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CredentialProfile:
+    name: str
+    type: str
+    region: str = ""
+    role_arn: str = ""
+    external_id: str = ""
+    session_name: str = ""
+    base: str = ""
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    source: SourceConfig
+    key_prefix: str
+    key_fields: tuple[str, ...]
+    diff_interval: _dt.timedelta
+    policy: Policy
+    keep_epochs: int
+    destinations: tuple[Mapping[str, Any], ...]
+    snapshot_formats: tuple[str, ...]
+    diff_formats: tuple[str, ...]
+    events: tuple[Mapping[str, Any], ...]
+    buffer: BufferConfig
+
+    @property
+    def name(self) -> str:
+        """The table's name as the manifest writes it (`schema.table`), also its Dagster partition key."""
+        return self.source.qualified_table
+
+
+@dataclass(frozen=True)
+class SnapshotterConfig:
+    file: str
+    tables: tuple[TableConfig, ...]
+    credentials: Mapping[str, CredentialProfile]
+    http_port: int
+    spark: SparkConfig
+
+    def table(self, name: str) -> TableConfig:
+        for t in self.tables:
+            if name in (t.name, t.source.table):
+                return t
+        raise KeyError(f"no table {name!r} in {self.file}; configured: {', '.join(t.name for t in self.tables)}")
+
+
+# ---- strict section reader ----------------------------------------------------------------------
+
+
+class _Section:
+    """One HOCON object being read: every key must be consumed, or it is reported as unknown."""
+
+    def __init__(self, tree: Any, path: str, file: str) -> None:
+        if not isinstance(tree, (ConfigTree, dict)):
+            raise ConfigError(file, path, f"expected an object, got {tree!r}")
+        self.tree, self.path, self.file = tree, path, file
+        self.used: set[str] = set()
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def has(self, key: str) -> bool:
+        return key in self.tree
+
+    def raw(self, key: str) -> Any:
+        self.used.add(key)
+        return self.tree.get(key, None)
+
+    def get(self, key: str, parse: Callable[[Any], T], default: T) -> T:
+        if key not in self.tree:
+            self.used.add(key)
+            return default
+        value = self.raw(key)
+        try:
+            return parse(value)
+        except ValueParseError as e:
+            raise ConfigError(self.file, self.at(key), str(e)) from None
+
+    def string(self, key: str, default: str = "", *, required: bool = False,
+               choices: tuple[str, ...] = ()) -> str:
+        if required and key not in self.tree:
+            raise ConfigError(self.file, self.at(key), "is required")
+        value = self.get(key, _as_str, default)
+        if choices and value not in choices:
+            raise ConfigError(self.file, self.at(key), f"unknown value {value!r}; expected one of {', '.join(choices)}")
+        return value
+
+    def sub(self, key: str) -> _Section:
+        value = self.raw(key)
+        return _Section(value if value is not None else {}, self.at(key), self.file)
+
+    def items(self, key: str) -> Iterator[_Section]:
+        value = self.raw(key)
+        if value is None:
+            return
+        if not isinstance(value, list):
+            raise ConfigError(self.file, self.at(key), f"expected a list, got {value!r}")
+        for i, item in enumerate(value):
+            yield _Section(item, f"{self.at(key)}[{i}]", self.file)
+
+    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
+            raise ConfigError(self.file, self.at(key), f"expected a list of strings, got {value!r}")
+        return tuple(str(v) for v in value)
+
+    def plain(self) -> dict[str, Any]:
+        """Every key as plain Python values (for seams that validate their own keys)."""
+        self.used.update(self.tree.keys())
+        return _plain(self.tree)
+
+    def done(self) -> None:
+        unknown = sorted(set(self.tree.keys()) - self.used)
+        if unknown:
+            raise ConfigError(self.file, self.at(unknown[0]),
+                              f"unknown key {unknown[0]!r}" + (f" (and {', '.join(unknown[1:])})" if unknown[1:] else ""))
+
+
+def _as_str(value: Any) -> str:
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ValueParseError(f"expected a string, got {value!r}")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (ConfigTree, dict)):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ---- the schema ---------------------------------------------------------------------------------
+
+SOURCE_TYPES = ("laredo", "postgres", "generator")
+DESTINATION_KEYS = {"local": {"type", "path"},
+                    "s3": {"type", "bucket", "prefix", "region", "endpoint_url", "path_style", "credentials"}}
+DESTINATION_REQUIRED = {"local": ("path",), "s3": ("bucket",)}
+EVENT_KEYS = {"sns": ("topic_arn",), "sqs": ("queue_url",), "kinesis": ("stream",)}
+EVENT_COMMON = {"type", "region", "endpoint_url", "credentials"}
+TABLE_KEYS = ("source", "key_prefix", "key_fields", "diff", "snapshot", "retention", "destinations",
+              "formats", "events", "buffer")
+
+
+def _source(s: _Section) -> SourceConfig:
+    kind = s.string("type", "laredo", choices=SOURCE_TYPES)
+    src = SourceConfig(
+        type=kind,
+        schema=s.string("schema", "public"),
+        table=s.string("table", required=True),
+        server=s.string("server", required=kind == "laredo"),
+        client_id=s.string("client_id"),
+        local_snapshot_path=s.string("local_snapshot_path"),
+        protocol=s.string("protocol", "connect", choices=("connect", "grpc")),
+        dsn=s.string("dsn", required=kind == "postgres"),
+        slot=s.string("slot"),
+        publication=s.string("publication"),
+        create_slot=s.get("create_slot", parse_bool, True),
+        recreate_slot_on_loss=s.get("recreate_slot_on_loss", parse_bool, False),
+        generator=s.sub("generator").plain() if s.has("generator") else {},
+    )
+    s.done()
+    return src
+
+
+def _policy(s: _Section, diff_interval: _dt.timedelta) -> Policy:
+    zero = _dt.timedelta(0)
+    p = Policy(
+        diff_interval=diff_interval,
+        min_interval=s.get("min_interval", parse_duration, zero),
+        max_interval=s.get("max_interval", parse_duration, zero),
+        max_diff_bytes=s.get("max_diff_bytes", parse_size, 0),
+        max_diff_fraction=s.get("max_diff_fraction", parse_fraction, 0.0),
+        max_churn_records=s.get("max_churn_records", parse_count, 0),
+        max_churn_fraction=s.get("max_churn_fraction", parse_fraction, 0.0),
+    )
+    s.done()
+    return p
+
+
+def _destination(s: _Section, credentials: Mapping[str, CredentialProfile]) -> dict[str, Any]:
+    kind = s.string("type", required=True, choices=tuple(DESTINATION_KEYS))
+    spec = s.plain()
+    unknown = sorted(set(spec) - DESTINATION_KEYS[kind])
+    if unknown:
+        raise ConfigError(s.file, s.at(unknown[0]), f"unknown key {unknown[0]!r} for a {kind} destination")
+    for key in DESTINATION_REQUIRED[kind]:
+        if not spec.get(key):
+            raise ConfigError(s.file, s.at(key), f"is required for a {kind} destination")
+    if "path_style" in spec:
+        spec["path_style"] = s.get("path_style", parse_bool, False)
+    _check_profile(s, spec, credentials)
+    return spec
+
+
+def _event(s: _Section, credentials: Mapping[str, CredentialProfile]) -> dict[str, Any]:
+    kind = s.string("type", required=True, choices=tuple(EVENT_KEYS))
+    spec = s.plain()
+    unknown = sorted(set(spec) - EVENT_COMMON - set(EVENT_KEYS[kind]))
+    if unknown:
+        raise ConfigError(s.file, s.at(unknown[0]), f"unknown key {unknown[0]!r} for a {kind} sink")
+    for key in EVENT_KEYS[kind]:
+        if not spec.get(key):
+            raise ConfigError(s.file, s.at(key), f"is required for a {kind} sink")
+    _check_profile(s, spec, credentials)
+    return spec
+
+
+def _check_profile(s: _Section, spec: Mapping[str, Any], credentials: Mapping[str, CredentialProfile]) -> None:
+    name = spec.get("credentials")
+    if name and name not in credentials:
+        known = ", ".join(sorted(credentials)) or "none defined"
+        raise ConfigError(s.file, s.at("credentials"), f"unknown credentials profile {name!r} ({known})")
+
+
+def _formats(s: _Section, key: str) -> tuple[str, ...]:
+    values = s.strings(key, ("jsonl",))
+    for v in values:
+        if v not in FORMATS:
+            raise ConfigError(s.file, s.at(key), f"unknown format {v!r}; expected one of {', '.join(sorted(FORMATS))}")
+    if not values:
+        raise ConfigError(s.file, s.at(key), "lists no format")
+    return values
+
+
+def _buffer(s: _Section, default: BufferConfig) -> BufferConfig:
+    b = BufferConfig(
+        path=s.string("path", default.path),
+        seal_interval=s.get("seal_interval", parse_duration, default.seal_interval),
+        seal_changes=s.get("seal_changes", parse_count, default.seal_changes),
+    )
+    s.done()
+    return b
+
+
+def _table(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: BufferConfig) -> TableConfig:
+    source = _source(s.sub("source"))
+    diff = s.sub("diff")
+    diff_interval = diff.get("interval", parse_duration, _dt.timedelta(seconds=30))
+    diff.done()
+    if diff_interval <= _dt.timedelta(0):
+        raise ConfigError(s.file, diff.at("interval"), "must be greater than 0")
+    policy = _policy(s.sub("snapshot"), diff_interval)
+    retention = s.sub("retention")
+    keep_epochs = retention.get("keep_epochs", parse_count, 0)
+    retention.done()
+    formats = s.sub("formats")
+    snapshot_formats, diff_formats = _formats(formats, "snapshot"), _formats(formats, "diff")
+    formats.done()
+    destinations = tuple(_destination(d, credentials) for d in s.items("destinations"))
+    if not destinations:
+        raise ConfigError(s.file, s.at("destinations"), "at least one destination is required")
+    key_prefix = s.string("key_prefix", default_key_prefix(source.table))
+    table = TableConfig(
+        source=source,
+        key_prefix=key_prefix,
+        key_fields=s.strings("key_fields", ("id",)),
+        diff_interval=diff_interval,
+        policy=policy,
+        keep_epochs=keep_epochs,
+        destinations=destinations,
+        snapshot_formats=snapshot_formats,
+        diff_formats=diff_formats,
+        events=tuple(_event(e, credentials) for e in s.items("events")),
+        buffer=_buffer(s.sub("buffer"), buffer) if s.has("buffer") else buffer,
+    )
+    return table
+
+
+def _credentials(s: _Section) -> dict[str, CredentialProfile]:
+    out: dict[str, CredentialProfile] = {}
+    for name in list(s.tree.keys()):
+        c = s.sub(name)
+        kind = c.string("type", "ambient", choices=("ambient", "assume_role"))
+        profile = CredentialProfile(
+            name=name, type=kind, region=c.string("region"),
+            role_arn=c.string("role_arn", required=kind == "assume_role"),
+            external_id=c.string("external_id"), session_name=c.string("session_name"), base=c.string("base"),
+        )
+        c.done()
+        out[name] = profile
+    for p in out.values():
+        if p.base and p.base not in out:
+            raise ConfigError(s.file, f"{s.at(p.name)}.base", f"unknown credentials profile {p.base!r}")
+    return out
+
+
+def _apply_env_overrides(tree: ConfigTree, env: Mapping[str, str]) -> None:
+    """`SNAPSHOTTER__TABLES__0__DIFF__INTERVAL=5s` sets snapshotter.tables[0].diff.interval."""
+    for name, value in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+        node: Any = tree["snapshotter"]
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(f"${name}", ".".join(parts[: i + 1]), f"no list element {part!r}")
+                if last:
+                    node[int(part)] = value
+                else:
+                    node = node[int(part)]
+            elif last:
+                node[part] = value
+            else:
+                if part not in node:
+                    node[part] = ConfigTree()
+                node = node[part]
+
+
+def parse_config(text: str, *, file: str = "<string>", env: Mapping[str, str] | None = None) -> SnapshotterConfig:
+    """Parse and validate a configuration document."""
+    return _from_tree(_parse(lambda: ConfigFactory.parse_string(text, resolve=True), file), file, env)
+
+
+def _parse(parse: Callable[[], ConfigTree], file: str) -> ConfigTree:
+    try:
+        return parse()
+    except (ConfigException, Exception) as e:  # pyhocon raises pyparsing errors for syntax too
+        raise ConfigError(file, "", f"not valid HOCON: {e}") from None
+
+
+def _from_tree(tree: ConfigTree, file: str, env: Mapping[str, str] | None) -> SnapshotterConfig:
+    if "snapshotter" not in tree:
+        raise ConfigError(file, "", 'missing the top-level "snapshotter" object')
+    _apply_env_overrides(tree, os.environ if env is None else env)
+    root = _Section(tree["snapshotter"], "snapshotter", file)
+    credentials = _credentials(root.sub("credentials"))
+    http = root.sub("http")
+    http_port = http.get("port", parse_count, 8080)
+    http.done()
+    spark_s = root.sub("spark")
+    spark = SparkConfig(remote=spark_s.string("remote"), master=spark_s.string("master"),
+                        conf={k: str(v) for k, v in spark_s.sub("conf").plain().items()})
+    spark_s.done()
+    buffer = _buffer(root.sub("buffer"), BufferConfig()) if root.has("buffer") else BufferConfig()
+    if root.has("tables"):
+        stray = [k for k in TABLE_KEYS if k != "buffer" and root.has(k)]
+        if stray:
+            raise ConfigError(file, root.at(stray[0]), "is a table key; with tables = [...] put it inside each table")
+        tables = tuple(_table_done(t, credentials, buffer) for t in root.items("tables"))
+    elif root.has("source"):
+        tables = (_table(root, credentials, buffer),)
+    else:
+        raise ConfigError(file, "snapshotter", "no tables configured (set snapshotter.tables or snapshotter.source)")
+    root.done()
+    if not tables:
+        raise ConfigError(file, "snapshotter.tables", "is empty")
+    names = [t.name for t in tables]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(file, "snapshotter.tables", f"table {dupes[0]} is configured twice")
+    return SnapshotterConfig(file=file, tables=tables, credentials=credentials, http_port=http_port, spark=spark)
+
+
+def _table_done(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: BufferConfig) -> TableConfig:
+    table = _table(s, credentials, buffer)
+    s.done()
+    return table
+
+
+def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None) -> SnapshotterConfig:
+    """Load the configuration from `path`, `$SNAPSHOTTER_CONFIG`, or the shipped demo config."""
+    environ = os.environ if env is None else env
+    chosen = Path(path or environ.get("SNAPSHOTTER_CONFIG") or DEFAULT_CONFIG)
+    if not chosen.is_file():
+        raise ConfigError(str(chosen), "", "cannot read the configuration (no such file)")
+    # parse_file resolves HOCON includes relative to the file itself.
+    tree = _parse(lambda: ConfigFactory.parse_file(str(chosen), resolve=True), str(chosen))
+    return _from_tree(tree, str(chosen), environ)
