@@ -213,7 +213,8 @@ def _as_str(value: Any) -> str:
 
 def _plain(value: Any) -> Any:
     if isinstance(value, (ConfigTree, dict)):
-        return {k: _plain(v) for k, v in value.items()}
+        # pyhocon keeps the quotes of a quoted key ("spark.sql.x" stays one key, quotes included).
+        return {k.strip('"'): _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
