@@ -165,7 +165,8 @@ def main() -> None:
     for fid in ("jsonl", "protobuf", "parquet"):
         t = bench_reconstruct(fid, rows, n_diffs, per_diff)
         lines.append(f"| {fid} | {t:.2f} | {(n + n_diffs * per_diff) / t:,.0f} |")
-    lines += ["", "Large tables are folded by Spark (pipeline issue); this is the path of `snapshotter reconstruct`.", ""]
+    lines += ["", "Large tables are folded by Spark (pipeline issue); this is the path of "
+              "`snapshotter reconstruct`.", ""]
 
     text = "\n".join(lines)
     print(text)

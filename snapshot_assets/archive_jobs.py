@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
+from pydantic import Field
 
 from resources.destinations.factory import build_destination
 from snapshot_assets.archive.positions import comparator
@@ -20,7 +21,7 @@ from snapshot_assets.archive.verify import verify_archive
 class ArchiveLocation(dg.Config):
     """Where one table's archive lives: a destination (laredo's config keys) plus the table's key prefix."""
 
-    destination: dict[str, Any] = {"type": "local", "path": "examples/sample-archive"}
+    destination: dict[str, Any] = Field(default_factory=lambda: {"type": "local", "path": "examples/sample-archive"})
     key_prefix: str = "users/"
     positions: str = "lsn"
     deep: bool = False

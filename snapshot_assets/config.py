@@ -201,8 +201,8 @@ class _Section:
     def done(self) -> None:
         unknown = sorted(set(self.tree.keys()) - self.used)
         if unknown:
-            raise ConfigError(self.file, self.at(unknown[0]),
-                              f"unknown key {unknown[0]!r}" + (f" (and {', '.join(unknown[1:])})" if unknown[1:] else ""))
+            more = f" (and {', '.join(unknown[1:])})" if unknown[1:] else ""
+            raise ConfigError(self.file, self.at(unknown[0]), f"unknown key {unknown[0]!r}{more}")
 
 
 def _as_str(value: Any) -> str:
@@ -450,7 +450,9 @@ def _table_done(s: _Section, credentials: Mapping[str, CredentialProfile], buffe
     return table
 
 
-def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None) -> SnapshotterConfig:
+def load_config(
+    path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None
+) -> SnapshotterConfig:
     """Load the configuration from `path`, `$SNAPSHOTTER_CONFIG`, or the shipped demo config."""
     environ = os.environ if env is None else env
     chosen = Path(path or environ.get("SNAPSHOTTER_CONFIG") or DEFAULT_CONFIG)

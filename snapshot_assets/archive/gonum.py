@@ -27,10 +27,8 @@ def shortest_digits(x: float) -> tuple[str, int]:
     int_part, _, frac_part = base.partition(".")
     digits = (int_part + frac_part).lstrip("0")
     # Decimal exponent of the first significant digit.
-    if int_part.strip("0"):
-        point = len(int_part.lstrip("0"))
-    else:
-        point = -(len(frac_part) - len(frac_part.lstrip("0")))
+    leading_zeros = len(frac_part) - len(frac_part.lstrip("0"))
+    point = len(int_part.lstrip("0")) if int_part.strip("0") else -leading_zeros
     digits = digits.rstrip("0") or "0"
     return digits, exp + point - 1
 

@@ -21,7 +21,6 @@ from typing import BinaryIO
 from resources.destinations.base import Destination, DestinationError
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.changes import Change, Row
-from snapshot_assets.archive.fold import FoldState, fold_diff
 from snapshot_assets.archive.errors import (
     CorruptArtifact,
     ManifestNotFound,
@@ -29,6 +28,7 @@ from snapshot_assets.archive.errors import (
     PositionError,
     UnknownFormat,
 )
+from snapshot_assets.archive.fold import FoldState, fold_diff
 from snapshot_assets.archive.formats import FORMATS, Format, get_format
 from snapshot_assets.archive.manifest import Artifact, Manifest, loads
 from snapshot_assets.archive.positions import Comparator, compare_lsn, parse_lsn

@@ -77,7 +77,8 @@ class ArtifactWriter:
 
     @staticmethod
     def _open(fmts: Sequence[Format], make: Any) -> tuple[list[Any], list[IO[bytes]]]:
-        files: list[IO[bytes]] = [tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) for _ in fmts]
+        # Closed by _upload's finally (they must outlive this call, so no `with`).
+        files: list[IO[bytes]] = [tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) for _ in fmts]  # noqa: SIM115
         writers = [make(f, out) for f, out in zip(fmts, files, strict=True)]
         return writers, files
 

@@ -141,7 +141,7 @@ def test_truncate_inside_a_diff_applies_first(build_archive: BuildArchive) -> No
 
 def test_from_equals_to_diff_is_applied_once(build_archive: BuildArchive, tmp_path: object) -> None:
     # A laredo archive can hold a diff with from == to; laredo's reader loops on it forever.
-    dest, m = build_archive([
+    _dest, m = build_archive([
         ("snapshot", 1, None, "100", [ALICE]),
         ("diff", 1, "100", "200", [ins(BOB)]),
     ])
