@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from resources.destinations.base import Destination, DestinationError
-from resources.destinations.factory import build_destination
+from resources.destinations.factory import build_destination, location_spec
 from snapshot_assets.archive.errors import ArchiveError
 from snapshot_assets.archive.gojson import marshal
 from snapshot_assets.archive.inspect import render_manifest
@@ -61,15 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _destination(args: argparse.Namespace) -> Destination:
-    if args.store == "local":
-        if not args.path:
-            raise CliError("--store local needs --path")
-        return build_destination({"type": "local", "path": args.path})
-    if not args.bucket:
+    if args.store == "local" and not args.path:
+        raise CliError("--store local needs --path")
+    if args.store == "s3" and not args.bucket:
         raise CliError("--store s3 needs --bucket")
-    spec = {"type": "s3", "bucket": args.bucket, "prefix": args.prefix, "region": args.region,
-            "endpoint_url": args.endpoint_url, "path_style": args.path_style}
-    return build_destination({k: v for k, v in spec.items() if v is not None})
+    return build_destination(location_spec(
+        args.store, path=args.path, bucket=args.bucket, prefix=args.prefix, region=args.region,
+        endpoint_url=args.endpoint_url, path_style=args.path_style))
 
 
 def _reader(args: argparse.Namespace, **kw: object) -> ArchiveReader:
@@ -91,8 +89,11 @@ def cmd_reconstruct(args: argparse.Namespace, out: TextIO) -> int:
         for row in rec.rows:
             out.write(marshal(row).decode() + "\n")
     else:
-        doc = {"position": rec.position, "row_count": len(rec.rows), "rows": rec.rows}
-        out.write(marshal(doc, sort_keys=False).decode() + "\n")
+        # {"position", "row_count", "rows"} in that order; rows streamed one at a time, keys sorted as Go does.
+        out.write(f'{{"position":{marshal(rec.position).decode()},"row_count":{len(rec.rows)},"rows":[')
+        for i, row in enumerate(rec.rows):
+            out.write(("," if i else "") + marshal(row).decode())
+        out.write("]}\n")
     return 0
 
 

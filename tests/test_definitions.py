@@ -15,7 +15,7 @@ SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sample-archive"
 
 def _config(path: Path) -> dict[str, object]:
     return {"ops": {"verify_archive_op": {"config": {
-        "destination": {"type": "local", "path": str(path)}, "key_prefix": "users/", "deep": True}}}}
+        "path": str(path), "key_prefix": "users/", "deep": True}}}}
 
 
 def test_definitions_load() -> None:

@@ -94,3 +94,20 @@ def build_destination(spec: Mapping[str, Any], *, s3_client: S3Client | None = N
     if unknown:
         raise ValueError(f"{kind} destination: unknown keys {unknown} (known: {sorted(_KNOWN_KEYS)})")
     return builder(spec, s3_client)
+
+
+def location_spec(store: str, *, path: str | None = None, bucket: str | None = None, prefix: str = "",
+                  region: str | None = None, endpoint_url: str | None = None,
+                  path_style: bool = False) -> dict[str, Any]:
+    """A destination spec from flat location flags (the CLI's and the Dagster jobs' shape)."""
+    if store == "local":
+        if not path:
+            raise ValueError("a local archive location needs a path")
+        return {"type": "local", "path": path}
+    if store != "s3":
+        raise ValueError(f"unknown store {store!r}; expected local or s3")
+    if not bucket:
+        raise ValueError("an s3 archive location needs a bucket")
+    spec = {"type": "s3", "bucket": bucket, "prefix": prefix, "region": region, "endpoint_url": endpoint_url,
+            "path_style": path_style}
+    return {k: v for k, v in spec.items() if v is not None}

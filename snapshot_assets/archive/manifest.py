@@ -230,7 +230,9 @@ def loads(data: bytes | str, *, source: str = "manifest") -> Manifest:
             f"({MANIFEST_VERSION}); upgrade the reader"
         )
     p = _Parser(source)
-    artifacts = doc.get("artifacts") or []
+    artifacts = doc.get("artifacts")
+    if artifacts is None:  # Go marshals an empty slice that was never appended to as null
+        artifacts = []
     if not isinstance(artifacts, list):
         raise CorruptManifest(f"{source}: artifacts must be a list")
     return Manifest(
