@@ -6,6 +6,8 @@ problem listed in the run's metadata. (No `from __future__ import annotations` h
 the op's config annotation at runtime.)
 """
 
+from typing import Any
+
 import dagster as dg
 
 from resources.destinations.factory import build_destination, location_spec
@@ -40,7 +42,7 @@ def verify_archive_op(context: dg.OpExecutionContext, config: ArchiveLocation) -
     reader = config.reader()
     manifest = reader.load_manifest()
     problems = verify_archive(reader, manifest, deep=config.deep)
-    metadata = {
+    metadata: dict[str, Any] = {
         "table": manifest.table,
         "epoch": manifest.epoch,
         "head_position": manifest.head_position,

@@ -196,7 +196,8 @@ class _Section:
     def plain(self) -> dict[str, Any]:
         """Every key as plain Python values (for seams that validate their own keys)."""
         self.used.update(self.tree.keys())
-        return _plain(self.tree)
+        plain: dict[str, Any] = _plain(self.tree)
+        return plain
 
     def done(self) -> None:
         unknown = sorted(set(self.tree.keys()) - self.used)

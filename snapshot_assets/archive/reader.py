@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from resources.destinations.base import Destination, DestinationError
 from snapshot_assets.archive import keys
@@ -32,6 +32,9 @@ from snapshot_assets.archive.fold import FoldState, fold_diff
 from snapshot_assets.archive.formats import FORMATS, Format, get_format
 from snapshot_assets.archive.manifest import Artifact, Manifest, loads
 from snapshot_assets.archive.positions import Comparator, compare_lsn, parse_lsn
+
+
+_Item = TypeVar("_Item")
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +231,7 @@ def _is_marker(key: str) -> bool:
     return name.startswith(("_", ".")) or name.endswith(".crc")
 
 
-def _guard(items: Iterator[Row] | Iterator[Change], art: Artifact) -> Iterator[Row] | Iterator[Change]:
+def _guard(items: Iterator[_Item], art: Artifact) -> Iterator[_Item]:
     """Name the artifact in decode errors, and turn destination failures into archive errors."""
     try:
         yield from items
