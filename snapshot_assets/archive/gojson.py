@@ -18,6 +18,11 @@ with Python's `json.dumps` (which sorts and spaces differently, prints `42.0`, `
 The same classification (`kind_of`) and scalar renderings (`time_text`, `bytes_text`, ...) are used by
 the protobuf and parquet formats, so the three formats agree on what a value is and which values
 are refused, and there is exactly one place that decides it.
+
+Entry points: `encode_row` / `encode_value` / `quote` / `encode_object` for artifact lines (raising
+`UnsupportedValue`, an EncodeError that rows locate by column and row key); `marshal` and
+`marshal_indent` for whole documents (the manifest is Go's `MarshalIndent` of a struct: pass dicts in
+field order); `loads` to read JSON back with exact integers.
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@ keys, and laredo's `omitempty` drops a nil or empty image). Bytes are Go's `enco
 exactly (see `gojson`), so an artifact written here is byte-identical to laredo's for the same rows.
 
 Reading keeps integers exact (also beyond 2^53) where laredo's Go reader would round them to
-doubles. Type mappings on a round trip are JSON's: an integral float comes back as an int (Go writes
-`42.0` as `42`), bytes/datetime/date come back as their base64/RFC 3339/ISO strings, a Decimal as an
-int or float, a tuple as a list.
+doubles. Type mappings on a round trip are JSON's: an integral float below 1e21 comes back as an int
+(Go writes `42.0` as `42`; a double beyond 2^53 comes back as the int of the shortest decimal Go
+wrote, e.g. 4.059822926890535e16 as 40598229268905350, which converts back to the same double),
+bytes/datetime/date come back as their base64/RFC 3339/ISO strings, a Decimal as the int or float
+its text parses to, a tuple as a list, a lone surrogate as U+FFFD.
 
 Lines are limited to 16 MiB including the newline, laredo's reader buffer: the writer refuses a row
 that would not fit (instead of producing an artifact laredo cannot read) and the reader refuses a

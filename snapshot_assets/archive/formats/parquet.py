@@ -42,7 +42,7 @@ import enum
 import pickle
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -191,22 +191,21 @@ class _Plan:
         self._images = 0
 
     def observe(self, row: Mapping[str, Any], row_key: Callable[[], str]) -> None:
-        """Learn from one row; refuses (naming column and row) what no column can store."""
-        self._images += 1
+        """Learn from one row; refuses (naming column and row) what no column can store, and then
+        learns nothing from it, so a caller may skip the row and carry on."""
+        seen: list[tuple[str, _Col]] = []
         column = ""
         try:
             for column, value in gojson.object_items(row):
                 if column == ABSENT_COLUMN:
                     raise UnsupportedValue(f"column name {ABSENT_COLUMN!r} is reserved by the parquet format")
-                col = _col_of(value)
-                if column in self._cols:
-                    self._cols[column] = _merge(self._cols[column], col)
-                    self._present[column] += 1
-                else:
-                    self._cols[column] = col
-                    self._present[column] = 1
+                seen.append((column, _col_of(value)))
         except UnsupportedValue as exc:
             raise exc.in_row(str(column), row_key()) from None
+        self._images += 1
+        for column, col in seen:
+            self._cols[column] = _merge(self._cols.get(column, _Col.NULL), col)
+            self._present[column] = self._present.get(column, 0) + 1
 
     @property
     def empty(self) -> bool:
@@ -255,8 +254,18 @@ class _Spool:
         self._file: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115
         self._count = 0
 
-    def append(self, item: Any) -> None:
-        self._file.write(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+    def append(self, item: Any, images: Iterable[Row | None], row_key: Callable[[], str]) -> None:
+        """Spool `item`, which holds the row `images` (used to explain a failure)."""
+        try:
+            data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            # Only a value nested in a dict/list can get here (top-level values were classified):
+            # let the JSON encoder name its column; anything it accepts is picklable.
+            for image in images:
+                if image is not None:
+                    gojson.encode_row(image, row_key)
+            raise EncodeError(f"parquet: cannot spool the row: {exc}", row_key=row_key()) from exc
+        self._file.write(data)
         self._count += 1
 
     def batches(self) -> Iterator[list[Any]]:
@@ -326,8 +335,11 @@ class ParquetSnapshotWriter:
         self._spool = _Spool()
 
     def write(self, row: Row) -> None:
-        self._plan.observe(row, lambda: row_key(row, self._key_fields))
-        self._spool.append(row)
+        def key() -> str:
+            return row_key(row, self._key_fields)
+
+        self._plan.observe(row, key)
+        self._spool.append(row, (row,), key)
 
     def close(self) -> None:
         def arrays(rows: list[Row]) -> list[pa.Array]:
@@ -346,10 +358,13 @@ class ParquetDiffWriter:
 
     def write(self, change: Change) -> None:
         old, new = as_row(change.old), as_row(change.new)
+        def key() -> str:
+            return change.key
+
         for image in (old, new):
             if image is not None:
-                self._plan.observe(image, lambda: change.key)
-        self._spool.append((change.action.value, change.key, old, new))
+                self._plan.observe(image, key)
+        self._spool.append((change.action.value, change.key, old, new), (old, new), key)
 
     def _image_type(self) -> pa.DataType:
         # Parquet cannot store a struct without fields: with no row columns at all (a diff of
