@@ -33,7 +33,6 @@ from snapshot_assets.archive.formats import FORMATS, Format, get_format
 from snapshot_assets.archive.manifest import Artifact, Manifest, loads
 from snapshot_assets.archive.positions import Comparator, compare_lsn, parse_lsn
 
-
 _Item = TypeVar("_Item")
 
 
