@@ -1,0 +1,730 @@
+"""PostgreSQL source: logical replication with the built-in `pgoutput` plugin, no extension needed.
+
+What it guarantees, and how:
+- Gapless start. The slot is created with `EXPORT_SNAPSHOT` and the table is copied inside that
+  exported snapshot on a second connection, so the copy holds exactly the transactions that
+  committed before the slot's consistent point C and the stream holds exactly those from C on.
+  The copy is announced as consistent at position C-1 ("every transaction whose commit record
+  starts at or before C-1"): C is the end of the WAL record that made the snapshot consistent,
+  so a commit record can start exactly at C. Announcing C itself would make a later resume from
+  C skip that transaction.
+- Positions. Every change carries its transaction's commit LSN (`%X/%08X`, the LSN of the commit
+  record), all changes of a transaction share it, and a `TxEnd` with the same position follows
+  its last change. A transaction that touches no row of the table yields nothing (no empty
+  boundary). Resuming from P skips every transaction whose commit LSN is <= P: the slot re-sends
+  the transaction at exactly its confirmed position.
+- No client-side transaction buffer. Without the `streaming` option (protocol version 1) the
+  server sends a transaction only after decoding its commit, and `Begin` already carries the
+  commit LSN and time, so changes are emitted as they arrive and memory stays O(1) however big the
+  transaction. The server spills big transactions to disk (`logical_decoding_work_mem`). If the
+  stream breaks inside a transaction, its `TxEnd` never comes: the consumer drops that tail, and a
+  resume from the last durable position replays the whole transaction.
+- Acknowledgement. `acknowledge(P)` confirms flush up to P to the slot (it refuses positions this
+  source never reached); psycopg2 resends the last confirmed position every `status_interval`.
+  psycopg2 itself also moves the flush position to the server's WAL end on a keepalive when every
+  data message it received has been confirmed (before the first data message of a session, or
+  when the last message is a transaction's commit at or below the confirmed position). With
+  commit-LSN positions the second case cannot arise (a Commit message is sent at its end LSN,
+  beyond its commit LSN), and the first only confirms WAL in which the publication had nothing
+  to send, so no change of the table is ever released before the caller says it is durable.
+- Unchanged TOASTed values. An UPDATE that leaves a large out-of-line value alone does not resend
+  it. Under REPLICA IDENTITY FULL the old tuple carries it and the new row is completed here.
+  Otherwise the value is unknown to the stream, and any lookup would be wrong (the row may have
+  changed since) or unbounded (a cache of every row). The event is then a `ToastedChangeEvent`
+  whose `new` lacks those columns and whose `unchanged` names them; `fill_unchanged` completes it
+  from the previous image of the row (the previous change of that key, or the snapshot). With
+  `unchanged_toast="require-full"` the source refuses such tables at start instead.
+- Type fidelity: see `pgtypes`; the copy reads every column as its output text (no psycopg2 type
+  casting) and the stream's text goes through the same converter, so both agree for every type.
+
+Starting with no position (`events(None)`) always makes a new slot: an existing slot of that name
+is dropped first (it is left over from a load that never became durable), so slot names must be
+unique per table.
+
+The table must have a primary key and REPLICA IDENTITY DEFAULT, FULL, or USING INDEX on exactly the
+primary key columns; generated columns are not published by pgoutput and are not copied either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import re
+import select
+import threading
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import psycopg2.extras
+from psycopg2 import sql
+
+from resources.subscribers import pgoutput, pgtypes
+from resources.subscribers.errors import (
+    NoPrimaryKey,
+    ProtocolError,
+    SlotInUse,
+    SlotLost,
+    SourceConfigError,
+    SourceError,
+    SourceUnavailable,
+    UnknownTable,
+)
+from resources.subscribers.events import (
+    ChangeEvent,
+    Column,
+    Event,
+    ResyncBegin,
+    ResyncEnd,
+    SchemaEvent,
+    SnapshotRow,
+    TableSchema,
+    TxEnd,
+)
+from snapshot_assets.archive.changes import Action, Row
+from snapshot_assets.archive.positions import format_lsn, parse_lsn
+
+UnchangedToastPolicy = Literal["mark", "require-full"]
+Connection = Any  # a psycopg2 connection (the package ships no type information)
+
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+# Storage modes that let PostgreSQL move a value out of line into the TOAST table.
+_TOASTABLE_STORAGE: Final = frozenset({"x", "e", "m"})
+_PERMANENT_CONNECT_FAILURES: Final = (
+    "authentication failed", "does not exist", "no pg_hba.conf entry", "permission denied",
+    "must be superuser", "must have replication", "invalid dsn", "invalid connection option",
+    "wal_level",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ToastedChangeEvent(ChangeEvent):
+    """An UPDATE whose `new` lacks the unchanged TOASTed columns named in `unchanged`.
+
+    They kept their previous values; the stream cannot say which (REPLICA IDENTITY is not FULL).
+    The previous image is that of the old key (`old`, when the key changed) or of the new key.
+    """
+
+    unchanged: tuple[str, ...] = ()
+
+
+def fill_unchanged(event: ChangeEvent, previous: Row | None) -> ChangeEvent:
+    """Complete a `ToastedChangeEvent` from the previous image of its row; other events pass through."""
+    unchanged = getattr(event, "unchanged", ())
+    if not unchanged:
+        return event
+    missing = [name for name in unchanged if previous is None or name not in previous]
+    if missing or previous is None or event.new is None:
+        raise ValueError(f"cannot restore unchanged TOASTed columns {missing} at {event.position}: "
+                         "no previous image of the row holds them")
+    new = dict(event.new)
+    new.update({name: previous[name] for name in unchanged})
+    return ChangeEvent(position=event.position, action=event.action, old=event.old, new=new,
+                       commit_time=event.commit_time, sequence=event.sequence)
+
+
+@dataclass(frozen=True, slots=True)
+class _CatalogColumn:
+    name: str
+    type_oid: int
+    type_modifier: int
+    type_name: str
+    not_null: bool
+    attnum: int
+    storage: str
+
+
+@dataclass(frozen=True, slots=True)
+class _TableInfo:
+    oid: int
+    replica_identity: str
+    columns: tuple[_CatalogColumn, ...]
+    primary_key: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _SlotInfo:
+    plugin: str | None
+    database: str | None
+    wal_status: str | None
+
+
+class _Shape:
+    """How to turn one relation's tuples into rows: column names, converters, key columns."""
+
+    __slots__ = ("converters", "key", "names", "signature")
+
+    def __init__(self, columns: Sequence[tuple[str, int, int]], key: Sequence[str],
+                 converters: pgtypes.Converters) -> None:
+        self.signature = tuple(columns)
+        self.names = tuple(name for name, _, _ in columns)
+        self.converters = tuple(converters(oid) for _, oid, _ in columns)
+        self.key = tuple(key)
+
+    def row(self, values: Sequence[str | None]) -> Row:
+        """A row from plain text values (the copy), converted exactly like the stream's."""
+        return {name: None if value is None else convert(value)
+                for name, convert, value in zip(self.names, self.converters, values, strict=True)}
+
+    def tuple_row(self, values: pgoutput.TupleData) -> tuple[Row, tuple[str, ...]]:
+        """A row from stream tuple data, without the unchanged-TOAST columns, and their names."""
+        if len(values) != len(self.names):
+            raise pgoutput.PgOutputError(f"tuple has {len(values)} columns, relation has {len(self.names)}")
+        row: Row = {}
+        unchanged: list[str] = []
+        marker = pgoutput.UNCHANGED
+        for name, convert, value in zip(self.names, self.converters, values, strict=True):
+            if value is None:
+                row[name] = None
+            elif value is marker:
+                unchanged.append(name)
+            else:
+                row[name] = convert(value)
+        return row, tuple(unchanged)
+
+    def key_of(self, row: Row) -> Row:
+        return {name: row.get(name) for name in self.key}
+
+
+@dataclass(slots=True)
+class _Tx:
+    position: str
+    commit_lsn: int
+    commit_time: _dt.datetime
+    skip: bool
+    changes: int = 0
+
+
+def _options(existing: str | None) -> str:
+    """libpq `options` carrying `SESSION_SETTINGS` after whatever the DSN already asks for."""
+    ours = " ".join(f"-c {name}={value.replace(' ', '')}" for name, value in pgtypes.SESSION_SETTINGS.items())
+    return f"{existing} {ours}" if existing else ours
+
+
+def _quoted_name(name: str) -> str:
+    """`name` as one double-quoted identifier for pgoutput's `publication_names` list."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class PostgresSubscriber:
+    """One table of a PostgreSQL database as an ordered event stream (see the module docstring).
+
+    `events()` opens two connections: a query connection (catalog, publication, the initial copy)
+    and a walsender connection (slot, stream). `acknowledge()` may be called from another thread.
+    Calling `events()` again closes the previous connections and starts over.
+    """
+
+    ordering = "lsn"
+
+    def __init__(self, dsn: str, *, table: str, slot: str, publication: str, schema: str = "public",
+                 create_slot: bool = True, recreate_slot_on_loss: bool = False,
+                 status_interval: float = 10.0, batch_size: int = 5000,
+                 unchanged_toast: UnchangedToastPolicy = "mark") -> None:
+        self.name = f"{schema}.{table}"
+        if not _SLOT_NAME.match(slot):
+            raise SourceConfigError(self.name, f"invalid replication slot name {slot!r}: use 1-63 "
+                                    "lower-case letters, digits and underscores")
+        if status_interval < 1.0:
+            raise SourceConfigError(self.name, "status_interval must be at least 1 second")
+        if batch_size < 1:
+            raise SourceConfigError(self.name, "batch_size must be positive")
+        if unchanged_toast not in ("mark", "require-full"):
+            raise SourceConfigError(self.name, f"unknown unchanged_toast policy {unchanged_toast!r}")
+        self.dsn = dsn
+        self.schema = schema
+        self.table = table
+        self.slot = slot
+        self.publication = publication
+        self.create_slot = create_slot
+        self.recreate_slot_on_loss = recreate_slot_on_loss
+        self.status_interval = status_interval
+        self.batch_size = batch_size
+        self.unchanged_toast = unchanged_toast
+        self._query: Connection = None
+        self._repl: Connection = None
+        self._cursor: Any = None  # the replication cursor, once streaming
+        self._lock = threading.Lock()
+        self._acked = 0
+        self._ack_limit = 0
+        self._doing = "starting"
+        self._converters = pgtypes.Converters(self._describe_type)
+
+    # --- the Subscriber protocol -------------------------------------------------------------
+
+    def events(self, start: str | None) -> Iterator[Event]:
+        """Initial load (start=None) or resume after `start`, then the change stream, forever."""
+        self.close()
+        resume_after = None if start is None else self._parse_position(start)
+        with self._lock:  # acknowledgements belong to one run: the caller restates its durable start
+            self._acked = self._ack_limit = 0
+        try:
+            yield from self._run(resume_after)
+        except psycopg2.Error as exc:
+            raise self._source_error(exc) from exc
+        except pgoutput.PgOutputError as exc:
+            raise ProtocolError(self.name, f"{self._doing}: {exc}") from exc
+        except OSError as exc:
+            raise SourceUnavailable(self.name, f"{self._doing}: {exc}") from exc
+
+    def acknowledge(self, position: str) -> None:
+        """Confirm flush up to `position` to the slot: the caller holds everything up to it durably."""
+        lsn = self._parse_position(position)
+        with self._lock:
+            if lsn > self._ack_limit:
+                raise ValueError(f"{self.name}: cannot acknowledge {position}: beyond the last position "
+                                 f"this source delivered ({format_lsn(self._ack_limit)})")
+            if lsn <= self._acked:
+                return
+            self._acked = lsn
+            if self._cursor is not None:
+                self._send_feedback()
+
+    def close(self) -> None:
+        """Close both connections (the walsender releases the slot when its connection ends)."""
+        with self._lock:
+            self._cursor = None
+            for conn in (self._repl, self._query):
+                if conn is not None and not conn.closed:
+                    with contextlib.suppress(psycopg2.Error):
+                        conn.close()
+            self._repl = self._query = None
+
+    # --- orchestration -----------------------------------------------------------------------
+
+    def _run(self, resume_after: int | None) -> Iterator[Event]:
+        self._doing = "connecting"
+        self._query = self._connect()
+        self._query.autocommit = True
+        self._doing = "inspecting the table"
+        info = self._inspect()
+        self._ensure_publication(info)
+        self._doing = "opening the replication connection"
+        self._repl = self._connect(psycopg2.extras.LogicalReplicationConnection)
+        if resume_after is None:
+            resume_after = yield from self._initial_load(info, "initial load")
+        elif not self._slot_usable():
+            resume_after = yield from self._initial_load(info, "replication slot lost")
+        else:
+            yield SchemaEvent(self._schema(info.columns, info.primary_key))
+            with self._lock:
+                self._ack_limit = max(self._ack_limit, resume_after)
+        yield from self._stream(info, resume_after)
+
+    def _initial_load(self, info: _TableInfo, reason: str) -> Generator[Event, None, int]:
+        """Create the slot, copy the table in its exported snapshot; returns the copy's position."""
+        if not self.create_slot:
+            raise SourceConfigError(self.name, f"{reason} needs a new replication slot {self.slot!r} "
+                                    "(with an exported snapshot), but create_slot is false")
+        self._drop_slot_if_present()
+        self._doing = "creating the replication slot"
+        consistent_point, snapshot_name = self._create_slot()
+        self._doing = "copying the table"
+        shape = self._catalog_shape(info)
+        rows = self._copy(info, shape, snapshot_name)  # imports the snapshot before the first yield
+        yield SchemaEvent(self._schema(info.columns, info.primary_key))
+        yield ResyncBegin(reason)
+        count = 0
+        for row in rows:
+            yield SnapshotRow(row)
+            count += 1
+        position = consistent_point - 1
+        with self._lock:
+            self._ack_limit = max(self._ack_limit, position)
+        yield ResyncEnd(format_lsn(position), count)
+        return position
+
+    # --- connections and catalog -------------------------------------------------------------
+
+    def _connect(self, factory: Any = None) -> Connection:
+        try:
+            params = psycopg2.extensions.parse_dsn(self.dsn)
+        except psycopg2.ProgrammingError as exc:
+            raise SourceConfigError(self.name, f"invalid dsn: {_first_line(exc)}") from exc
+        extra: dict[str, Any] = {"options": _options(params.get("options"))}
+        if "connect_timeout" not in params:
+            extra["connect_timeout"] = 10
+        if "application_name" not in params:
+            extra["application_name"] = f"snapshotter {self.name}"[:63]
+        dsn = psycopg2.extensions.make_dsn(self.dsn, **extra)
+        return psycopg2.connect(dsn, connection_factory=factory)
+
+    def _fetch(self, query: str | sql.Composable, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._query.cursor() as cur:
+            cur.execute(query, params)
+            return list(cur.fetchall()) if cur.description else []
+
+    def _inspect(self) -> _TableInfo:
+        found = self._fetch(
+            "SELECT c.oid, c.relkind, c.relreplident FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+            (self.schema, self.table))
+        if not found:
+            raise UnknownTable(self.name, "no such table (or not visible to this user)")
+        oid, kind, identity = found[0]
+        if kind != "r":
+            raise SourceConfigError(self.name, f"not an ordinary table (relkind {kind!r})")
+        info = _TableInfo(oid=oid, replica_identity=identity, columns=self._columns(oid),
+                          primary_key=self._index_columns(oid, "indisprimary"))
+        if not info.primary_key:
+            raise NoPrimaryKey(self.name, "the table has no primary key: changes cannot be keyed; "
+                               "add one (ALTER TABLE ... ADD PRIMARY KEY)")
+        self._check_identity(info)
+        return info
+
+    def _columns(self, oid: int) -> tuple[_CatalogColumn, ...]:
+        rows = self._fetch(
+            "SELECT attname, atttypid, atttypmod, format_type(atttypid, atttypmod), attnotnull, attnum, "
+            "attstorage FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
+            "AND attgenerated = '' ORDER BY attnum", (oid,))
+        return tuple(_CatalogColumn(name, type_oid, typmod, type_name, not_null, attnum, storage)
+                     for name, type_oid, typmod, type_name, not_null, attnum, storage in rows)
+
+    def _index_columns(self, oid: int, flag: Literal["indisprimary", "indisreplident"]) -> tuple[str, ...]:
+        rows = self._fetch(
+            sql.SQL("SELECT a.attname FROM pg_index i "
+                    "CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
+                    "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+                    "WHERE i.indrelid = %s AND i.{} ORDER BY k.ord").format(sql.Identifier(flag)),
+            (oid,))
+        return tuple(name for (name,) in rows)
+
+    def _check_identity(self, info: _TableInfo) -> None:
+        identity = info.replica_identity
+        if identity == "n":
+            raise SourceConfigError(self.name, "REPLICA IDENTITY NOTHING: updates and deletes cannot be "
+                                    "replicated; use DEFAULT or FULL")
+        if identity == "i" and set(self._index_columns(info.oid, "indisreplident")) != set(info.primary_key):
+            raise SourceConfigError(self.name, "REPLICA IDENTITY USING INDEX on columns other than the "
+                                    "primary key: deletes would not carry the key; use DEFAULT or FULL")
+        toastable = [c.name for c in info.columns if c.storage in _TOASTABLE_STORAGE]
+        if self.unchanged_toast == "require-full" and identity != "f" and toastable:
+            raise SourceConfigError(self.name, f"columns {toastable} can be TOASTed and REPLICA IDENTITY "
+                                    "is not FULL, so an UPDATE may omit their unchanged values; run "
+                                    "ALTER TABLE ... REPLICA IDENTITY FULL (or use unchanged_toast='mark')")
+
+    def _ensure_publication(self, info: _TableInfo) -> None:
+        self._doing = "checking the publication"
+        found = self._fetch("SELECT pubinsert AND pubupdate AND pubdelete AND pubtruncate "
+                            "FROM pg_publication WHERE pubname = %s", (self.publication,))
+        if not found:
+            self._doing = "creating the publication"
+            # DuplicateObject: created concurrently by another process; check it like any existing one.
+            with contextlib.suppress(psycopg2.errors.DuplicateObject):
+                self._fetch(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}.{}").format(
+                    sql.Identifier(self.publication), sql.Identifier(self.schema), sql.Identifier(self.table)))
+            return self._ensure_publication(info)
+        if not found[0][0]:
+            raise SourceConfigError(self.name, f"publication {self.publication!r} does not publish every "
+                                    "action (insert, update, delete, truncate): changes would be missed")
+        self._check_publication_covers(info)
+
+    def _check_publication_covers(self, info: _TableInfo) -> None:
+        members = self._fetch("SELECT to_jsonb(t) FROM pg_publication_tables t "
+                              "WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+                              (self.publication, self.schema, self.table))
+        if not members:
+            raise SourceConfigError(self.name, f"publication {self.publication!r} exists but does not "
+                                    "include the table; add it (ALTER PUBLICATION ... ADD TABLE)")
+        member: dict[str, Any] = members[0][0]
+        if member.get("rowfilter"):
+            raise SourceConfigError(self.name, f"publication {self.publication!r} has a row filter: the "
+                                    "stream would not match the full initial copy")
+        published = member.get("attnames")
+        missing = [c.name for c in info.columns if published is not None and c.name not in published]
+        if missing:
+            raise SourceConfigError(self.name, f"publication {self.publication!r} leaves out columns {missing}")
+
+    def _describe_type(self, oid: int) -> pgtypes.PgType | None:
+        rows = self._fetch("SELECT typname, typtype, typbasetype, "
+                           "CASE WHEN typcategory = 'A' AND typlen = -1 THEN typelem ELSE 0 END "
+                           "FROM pg_type WHERE oid = %s", (oid,))
+        if not rows:
+            return None
+        name, kind, base, element = rows[0]
+        return pgtypes.PgType(oid=oid, name=name, kind=kind, base_oid=base, element_oid=element)
+
+    def _schema(self, columns: Sequence[_CatalogColumn], key: Sequence[str]) -> TableSchema:
+        ordinal = {name: i for i, name in enumerate(key, start=1)}
+        return TableSchema(table=self.name, columns=tuple(
+            Column(name=c.name, type=c.type_name, nullable=not c.not_null, primary_key=c.name in ordinal,
+                   ordinal=c.attnum, primary_key_ordinal=ordinal.get(c.name, 0))
+            for c in columns))
+
+    def _catalog_shape(self, info: _TableInfo) -> _Shape:
+        return _Shape([(c.name, c.type_oid, c.type_modifier) for c in info.columns], info.primary_key,
+                      self._converters)
+
+    # --- slot --------------------------------------------------------------------------------
+
+    def _slot_info(self) -> _SlotInfo | None:
+        rows = self._fetch("SELECT s.plugin, d.datname, s.wal_status FROM pg_replication_slots s "
+                           "LEFT JOIN pg_database d ON d.oid = s.datoid WHERE s.slot_name = %s", (self.slot,))
+        return _SlotInfo(*rows[0]) if rows else None
+
+    def _slot_usable(self) -> bool:
+        """Whether the slot can resume; False (lost) only when re-creating it is configured."""
+        self._doing = "checking the replication slot"
+        slot = self._slot_info()
+        if slot is not None and slot.wal_status != "lost":
+            database = self._fetch("SELECT current_database()")[0][0]
+            if slot.plugin != "pgoutput" or slot.database != database:
+                raise SourceConfigError(self.name, f"replication slot {self.slot!r} is not a pgoutput slot "
+                                        f"of database {database!r} (plugin {slot.plugin!r}, "
+                                        f"database {slot.database!r})")
+            return True
+        state = "does not exist (dropped?)" if slot is None else "has lost required WAL (wal_status=lost)"
+        if not self.recreate_slot_on_loss:
+            raise SlotLost(self.name, f"replication slot {self.slot!r} {state}: the changes after the last "
+                           "durable position are gone from the source; a full re-sync is needed "
+                           "(set recreate_slot_on_loss to do it automatically)")
+        return False
+
+    def _drop_slot_if_present(self) -> None:
+        self._doing = "dropping the replication slot"
+        if self._slot_info() is not None:
+            self._fetch("SELECT pg_drop_replication_slot(%s)", (self.slot,))
+
+    def _create_slot(self) -> tuple[int, str]:
+        """Create the slot with an exported snapshot; returns (consistent point, snapshot name)."""
+        with self._repl.cursor() as cur:
+            cur.execute(f"CREATE_REPLICATION_SLOT {self.slot} LOGICAL pgoutput EXPORT_SNAPSHOT")
+            _, consistent_point, snapshot_name, _ = cur.fetchone()
+        lsn = parse_lsn(consistent_point)
+        if lsn is None or not snapshot_name:
+            raise ProtocolError(self.name, f"unexpected CREATE_REPLICATION_SLOT answer {consistent_point!r}")
+        return lsn, snapshot_name
+
+    # --- initial copy ------------------------------------------------------------------------
+
+    def _copy(self, info: _TableInfo, shape: _Shape, snapshot_name: str) -> Iterator[Row]:
+        """Start a transaction in the exported snapshot now; the returned iterator streams the rows."""
+        conn = self._query
+        conn.autocommit = False
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+        return self._copy_rows(info, shape)
+
+    def _copy_rows(self, info: _TableInfo, shape: _Shape) -> Iterator[Row]:
+        conn = self._query
+        try:
+            with conn.cursor(name="snapshotter_initial_copy") as cur:
+                # Every column as its output text: one representation with the stream (see pgtypes).
+                raw = psycopg2.extensions.new_type(tuple({c.type_oid for c in info.columns}),
+                                                   "SNAPSHOTTER_TEXT", lambda value, _cur: value)
+                psycopg2.extensions.register_type(raw, cur)
+                cur.itersize = self.batch_size
+                cur.execute(sql.SQL("SELECT {} FROM {}.{}").format(
+                    sql.SQL(", ").join(sql.Identifier(c.name) for c in info.columns),
+                    sql.Identifier(self.schema), sql.Identifier(self.table)))
+                while batch := cur.fetchmany(self.batch_size):
+                    for values in batch:
+                        yield shape.row(values)
+            conn.commit()
+        finally:
+            if not conn.closed and conn.status != psycopg2.extensions.STATUS_READY:
+                conn.rollback()
+            if not conn.closed:
+                conn.autocommit = True
+
+    # --- stream ------------------------------------------------------------------------------
+
+    def _stream(self, info: _TableInfo, resume_after: int) -> Iterator[Event]:
+        self._doing = "starting replication"
+        cursor = self._repl.cursor()
+        cursor.start_replication(
+            slot_name=self.slot, slot_type=psycopg2.extras.REPLICATION_LOGICAL, start_lsn=resume_after,
+            options={"proto_version": "1", "publication_names": _quoted_name(self.publication)},
+            decode=False, status_interval=self.status_interval)
+        with self._lock:
+            self._cursor = cursor
+            if self._acked:
+                self._send_feedback()
+        self._doing = "streaming"
+        stream = _StreamDecoder(self, self._catalog_shape(info), resume_after)
+        while True:
+            yield from stream.handle(pgoutput.decode(self._next_payload()))
+
+    def _next_payload(self) -> bytes:
+        """The next XLogData payload; while idle, psycopg2 sends the periodic status feedback."""
+        while True:
+            with self._lock:
+                cursor, conn = self._cursor, self._repl
+                if cursor is None:
+                    raise SourceUnavailable(self.name, "the source was closed while streaming")
+                message = cursor.read_message()
+            if message is not None:
+                payload: bytes = message.payload
+                return payload
+            select.select([conn], [], [], self.status_interval)
+
+    def _send_feedback(self) -> None:
+        """Report the acknowledged position now (caller holds the lock)."""
+        self._cursor.send_feedback(write_lsn=self._acked, flush_lsn=self._acked, apply_lsn=self._acked,
+                                   force=True)
+
+    def _delivered(self, position: int) -> None:
+        with self._lock:
+            self._ack_limit = max(self._ack_limit, position)
+
+    def _relation_schema(self, relation: pgoutput.Relation) -> tuple[_Shape, TableSchema]:
+        """The shape and schema of a relation as the stream announced it (after DDL, say)."""
+        self._doing = "reading a changed table definition"
+        current = {c.name: c for c in self._columns(relation.oid)}
+        key = self._index_columns(relation.oid, "indisprimary")
+        if not key:
+            raise NoPrimaryKey(self.name, "the table no longer has a primary key")
+        columns = []
+        for position, col in enumerate(relation.columns, start=1):
+            known = current.get(col.name)
+            type_name = self._fetch("SELECT format_type(%s, %s)", (col.type_oid, col.type_modifier))[0][0]
+            columns.append(_CatalogColumn(col.name, col.type_oid, col.type_modifier, type_name,
+                                          known.not_null if known else False,
+                                          known.attnum if known else position, ""))
+        shape = _Shape([(c.name, c.type_oid, c.type_modifier) for c in columns], key, self._converters)
+        self._doing = "streaming"
+        return shape, self._schema(columns, key)
+
+    # --- errors ------------------------------------------------------------------------------
+
+    def _parse_position(self, position: str) -> int:
+        lsn = parse_lsn(position)
+        if lsn is None:
+            raise ValueError(f"{self.name}: not a PostgreSQL LSN position: {position!r}")
+        return lsn
+
+    def _source_error(self, exc: psycopg2.Error) -> SourceError:
+        """Map a driver error to the source error hierarchy: what failed, why, and whether to retry."""
+        cause = f"{self._doing}: {_first_line(exc)}"
+        code: str = exc.pgcode or ""
+        message = str(exc).lower()
+        if code == "55006":
+            return SlotInUse(self.name, cause)
+        if code in ("55000", "42704") and "replication slot" in message:
+            return SlotLost(self.name, cause)  # invalidated, or dropped since the check at start
+        if code.startswith(("28", "3D", "42")) or code == "53400" or (
+                not code and any(marker in message for marker in _PERMANENT_CONNECT_FAILURES)):
+            return SourceConfigError(self.name, cause)
+        if not code or code.startswith(("08", "57P", "53", "40")):
+            return SourceUnavailable(self.name, cause)
+        return SourceError(self.name, cause)
+
+
+class _StreamDecoder:
+    """Turns decoded pgoutput messages into events for one table, one message at a time."""
+
+    def __init__(self, source: PostgresSubscriber, shape: _Shape, resume_after: int) -> None:
+        self._source = source
+        self._shape = shape
+        self._resume_after = resume_after
+        self._ours: dict[int, bool] = {}  # relation OID → is it our table
+        self._tx: _Tx | None = None
+
+    def handle(self, message: pgoutput.Message) -> Sequence[Event]:
+        """The events one message yields (usually none or one), row changes checked first."""
+        if isinstance(message, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
+            if self._is_ours(message.relation_oid) and not self._transaction().skip:
+                return (self._change(message),)
+            return ()
+        if isinstance(message, pgoutput.Begin):
+            self._begin(message)
+        elif isinstance(message, pgoutput.Commit):
+            return self._commit(message)
+        elif isinstance(message, pgoutput.Relation):
+            return self._relation(message)
+        elif isinstance(message, pgoutput.Truncate) and self._truncates_ours(message):
+            return (self._event(Action.TRUNCATE),)
+        # Origin, Type and logical messages carry nothing the archive needs.
+        return ()
+
+    def _truncates_ours(self, truncate: pgoutput.Truncate) -> bool:
+        return any(self._is_ours(oid) for oid in truncate.relation_oids) and not self._transaction().skip
+
+    def _begin(self, begin: pgoutput.Begin) -> None:
+        if self._tx is not None:
+            raise pgoutput.PgOutputError("Begin inside an open transaction")
+        self._tx = _Tx(position=format_lsn(begin.final_lsn), commit_lsn=begin.final_lsn,
+                       commit_time=begin.commit_time, skip=begin.final_lsn <= self._resume_after)
+
+    def _commit(self, commit: pgoutput.Commit) -> Sequence[Event]:
+        tx = self._transaction()
+        if commit.commit_lsn != tx.commit_lsn:
+            raise pgoutput.PgOutputError(f"Commit at {format_lsn(commit.commit_lsn)} closes the "
+                                         f"transaction begun for {tx.position}")
+        self._tx = None
+        if not tx.changes:
+            return ()
+        self._source._delivered(tx.commit_lsn)
+        return (TxEnd(tx.position),)
+
+    def _transaction(self) -> _Tx:
+        if self._tx is None:
+            raise pgoutput.PgOutputError("change outside a transaction")
+        return self._tx
+
+    def _is_ours(self, oid: int) -> bool:
+        ours = self._ours.get(oid)
+        if ours is None:
+            raise pgoutput.PgOutputError(f"change for relation {oid} before its Relation message")
+        return ours
+
+    def _relation(self, relation: pgoutput.Relation) -> Sequence[Event]:
+        source = self._source
+        ours = (relation.namespace, relation.name) == (source.schema, source.table)
+        self._ours[relation.oid] = ours
+        signature = tuple((c.name, c.type_oid, c.type_modifier) for c in relation.columns)
+        if not ours or signature == self._shape.signature:
+            return ()
+        self._shape, schema = source._relation_schema(relation)
+        return (SchemaEvent(schema),)
+
+    def _event(self, action: Action, old: Row | None = None, new: Row | None = None,
+               unchanged: tuple[str, ...] = ()) -> ChangeEvent:
+        tx = self._transaction()
+        tx.changes += 1
+        if unchanged:
+            return ToastedChangeEvent(position=tx.position, action=action, old=old, new=new,
+                                      commit_time=tx.commit_time, unchanged=unchanged)
+        return ChangeEvent(position=tx.position, action=action, old=old, new=new, commit_time=tx.commit_time)
+
+    def _old_row(self, kind: pgoutput.OldKind | None, values: pgoutput.TupleData | None) -> Row | None:
+        """The old image: the key only ('K'), the whole row ('O'), or None when not sent."""
+        if values is None:
+            return None
+        row, _ = self._shape.tuple_row(values)
+        return self._shape.key_of(row) if kind == "K" else row
+
+    def _change(self, message: pgoutput.Insert | pgoutput.Update | pgoutput.Delete) -> ChangeEvent:
+        if isinstance(message, pgoutput.Delete):
+            return self._event(Action.DELETE, old=self._old_row(message.old_kind, message.old))
+        new, unchanged = self._shape.tuple_row(message.new)
+        if isinstance(message, pgoutput.Insert):
+            if unchanged:
+                raise pgoutput.PgOutputError("INSERT with unchanged-TOAST columns")
+            return self._event(Action.INSERT, new=new)
+        old = self._old_row(message.old_kind, message.old)
+        if unchanged and message.old_kind == "O" and old is not None:
+            new.update({name: old[name] for name in unchanged if name in old})
+            unchanged = tuple(name for name in unchanged if name not in old)
+        if unchanged:
+            self._check_toast_policy(unchanged)
+        return self._event(Action.UPDATE, old=old, new=self._ordered(new), unchanged=unchanged)
+
+    def _ordered(self, row: Row) -> Row:
+        """The row with its columns in table order (filling from the old row appends at the end)."""
+        return {name: row[name] for name in self._shape.names if name in row}
+
+    def _check_toast_policy(self, unchanged: tuple[str, ...]) -> None:
+        if self._source.unchanged_toast == "require-full":
+            raise SourceConfigError(self._source.name, f"an UPDATE at {self._transaction().position} "
+                                    f"omitted unchanged TOASTed columns {list(unchanged)} and REPLICA "
+                                    "IDENTITY is not FULL (was it changed after start?)")
+

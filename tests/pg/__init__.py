@@ -1,0 +1,1 @@
+"""Integration tests against a private PostgreSQL cluster (logical replication source)."""
