@@ -1,0 +1,1 @@
+"""The write side of the archive: manifest commits, retention, garbage collection, the event outbox."""
