@@ -227,7 +227,7 @@ SOURCE_TYPES = ("laredo", "postgres", "generator")
 DESTINATION_KEYS = {"local": {"type", "path"},
                     "s3": {"type", "bucket", "prefix", "region", "endpoint_url", "path_style", "credentials"}}
 DESTINATION_REQUIRED = {"local": ("path",), "s3": ("bucket",)}
-EVENT_KEYS = {"sns": ("topic_arn",), "sqs": ("queue_url",), "kinesis": ("stream",)}
+EVENT_KEYS = {"sns": ("topic_arn",), "sqs": ("queue_url",), "kinesis": ("stream",), "file": ("path",)}
 EVENT_COMMON = {"type", "region", "endpoint_url", "credentials"}
 TABLE_KEYS = ("source", "key_prefix", "key_fields", "diff", "snapshot", "retention", "destinations",
               "formats", "events", "buffer")

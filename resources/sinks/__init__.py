@@ -1,0 +1,1 @@
+"""Event sinks: where commit notifications go (a local file, SNS, SQS, Kinesis)."""
