@@ -1,0 +1,69 @@
+"""The trigger decision from manifest + buffer statistics."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from resources.buffer import BufferStats
+from snapshot_assets.archive.manifest import Artifact, FormatRef, Manifest
+from snapshot_assets.archive.policy import Policy
+from snapshot_assets.pipeline.decide import next_artifact
+
+NOW = dt.datetime(2026, 6, 3, 22, 0, tzinfo=dt.UTC)
+REF = {"jsonl": FormatRef("u", 1000)}
+
+
+def stats(durable: str | None, changes: int = 0, nbytes: int = 0, resync: bool = False) -> BufferStats:
+    return BufferStats(since_position=None, durable_position=durable, low_water=None, segments=1, changes=changes,
+                       bytes=nbytes, distinct_keys_estimate=changes, resync_pending=resync, first_position=None,
+                       last_position=durable, oldest_change_age_s=None, last_seal_latency_s=None,
+                       avg_seal_latency_s=None, seals=1)
+
+
+def manifest(snap_age: dt.timedelta, diffs: int = 0) -> Manifest:
+    created = (NOW - snap_age).strftime("%Y-%m-%dT%H:%M:%SZ")
+    m = Manifest(table="public.t").with_artifact(
+        Artifact("snapshot", 1, None, "0/10", created, REF, row_count=100), now=created)
+    pos = 0x10
+    for _ in range(diffs):
+        m = m.with_artifact(Artifact("diff", 1, f"0/{pos:X}", f"0/{pos + 0x10:X}", created, REF, change_count=10))
+        pos += 0x10
+    return m
+
+
+POLICY = Policy(diff_interval=dt.timedelta(seconds=30), min_interval=dt.timedelta(minutes=5),
+                max_interval=dt.timedelta(hours=6), max_churn_records=50)
+
+
+def test_nothing_ingested_and_initial_snapshot() -> None:
+    assert next_artifact(Manifest(table="t"), stats(None), POLICY, NOW).kind == "none"
+    n = next_artifact(Manifest(table="t"), stats("0/5"), POLICY, NOW)
+    assert (n.kind, n.trigger, n.to_position) == ("snapshot", "initial", "0/5")
+
+
+def test_pending_changes_make_a_diff_with_a_boundary_run_key() -> None:
+    n = next_artifact(manifest(dt.timedelta(minutes=1)), stats("0/20", changes=3), POLICY, NOW)
+    assert (n.kind, n.from_position, n.to_position) == ("diff", "0/10", "0/20")
+    assert n.run_key == "diff:0/10:0/20"
+
+
+def test_churn_triggers_rebase_outside_the_floor() -> None:
+    m = manifest(dt.timedelta(minutes=10), diffs=4)  # 40 committed + 10 pending >= 50
+    n = next_artifact(m, stats("0/60", changes=10), POLICY, NOW)
+    assert (n.kind, n.trigger) == ("snapshot", "max_churn_records")
+    inside_floor = manifest(dt.timedelta(minutes=1), diffs=4)
+    assert next_artifact(inside_floor, stats("0/60", changes=10), POLICY, NOW).kind == "diff"
+
+
+def test_idle_table_rebases_after_max_interval_only_if_it_changed() -> None:
+    m = manifest(dt.timedelta(hours=7), diffs=1)
+    n = next_artifact(m, stats("0/20"), POLICY, NOW)  # nothing pending, head == durable
+    assert (n.kind, n.trigger, n.to_position) == ("snapshot", "max_interval", "0/20")
+    assert next_artifact(manifest(dt.timedelta(hours=7)), stats("0/10"), POLICY, NOW).kind == "none"
+
+
+def test_resync_and_force() -> None:
+    m = manifest(dt.timedelta(minutes=1))
+    assert next_artifact(m, stats("0/20", changes=1, resync=True), POLICY, NOW).trigger == "resync"
+    forced = next_artifact(m, stats("0/10"), POLICY, NOW, force=True)
+    assert (forced.kind, forced.trigger, forced.to_position) == ("snapshot", "forced", "0/10")
