@@ -1,0 +1,314 @@
+"""Buffer segments: the Parquet files Spark reads, their row encoding and their self-description.
+
+A segment holds one transaction-aligned range `(from, to]` of one table's changes (kind `changes`)
+or one complete re-sync (kind `snapshot`, every row action `SNAPSHOT` at the re-sync's end
+position). Every row has the same seven columns (`SCHEMA`):
+
+    seq          int64   strictly increasing over the table's whole buffer: the order Spark sorts by
+    position     string  the change's own source position (never re-formatted)
+    action       string  INSERT | UPDATE | DELETE | TRUNCATE | SNAPSHOT
+    key          string  canonical JSON array of the typed key values (`keys.typed_key`): exact
+                         integers, so Spark can group by it; the *new* image's key (the old one's for
+                         a DELETE), null for a TRUNCATE. A primary-key-changing UPDATE is one row whose
+                         `old` has another key: explode it with `algebra.key_effects` semantics
+    old, new     string  Go-compatible JSON (`gojson`) of the row images, null when absent
+    commit_time  string  RFC 3339 (Go's format), null when the source gave none
+
+Why the file describes itself: its Parquet key-value metadata carries its own index entry
+(`SegmentMeta`), the table name and the table schema, so the index can always be rebuilt from the
+segments alone — after a crash between a segment's rename and the index rewrite, or if the index
+is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, BinaryIO, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from resources.buffer.storage import BufferStorage
+from resources.subscribers.events import ChangeEvent, Column, TableSchema
+from snapshot_assets.archive import gojson
+from snapshot_assets.archive.algebra import MalformedChange
+from snapshot_assets.archive.changes import Action, Row
+from snapshot_assets.archive.keys import typed_key
+from snapshot_assets.archive.positions import Comparator
+
+SegmentKind = Literal["changes", "snapshot"]
+SNAPSHOT_ACTION = "SNAPSHOT"
+SEGMENT_FOLDER = "segments"
+COMPRESSION = "zstd"
+
+_META_SEGMENT = b"snapshotter.buffer.segment"
+_META_TABLE = b"snapshotter.buffer.table"
+_META_SCHEMA = b"snapshotter.buffer.schema"
+
+SCHEMA = pa.schema([
+    pa.field("seq", pa.int64(), nullable=False),
+    pa.field("position", pa.string(), nullable=False),
+    pa.field("action", pa.string(), nullable=False),
+    pa.field("key", pa.string()),
+    pa.field("old", pa.string()),
+    pa.field("new", pa.string()),
+    pa.field("commit_time", pa.string()),
+])
+_POSITION_COLUMN = SCHEMA.get_field_index("position")
+
+RowTuple = tuple[int, str, str, str | None, str | None, str | None, str | None]
+"""One buffer row in `SCHEMA` column order."""
+
+
+# --- row encoding ------------------------------------------------------------------------------
+
+
+def key_text(row: Row, key_fields: Sequence[str]) -> str:
+    """The `key` column: canonical JSON of the row's typed key (exact integers beyond 2^53)."""
+    return gojson.dumps(list(typed_key(row, key_fields)))
+
+
+def _row_text(row: Row | None, key: str | None) -> str | None:
+    return None if row is None else gojson.encode_row(row, lambda: key or "")
+
+
+def _carries_key(row: Row | None, key_fields: Sequence[str]) -> bool:
+    return row is not None and all(f in row for f in key_fields)
+
+
+def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tuple[RowTuple, list[str]]:
+    """The buffer row of one change, and the keys it touches (two for a primary-key change).
+
+    Refuses what cannot mean anything (an INSERT/UPDATE without `new`, a DELETE whose `old` does not
+    name its key) with MalformedChange, before anything is buffered.
+    """
+    action = event.action
+    old, new = event.old, event.new
+    touched: list[str] = []
+    if action is Action.TRUNCATE:
+        key = None
+    elif action is Action.DELETE:
+        if not _carries_key(old, key_fields):
+            raise MalformedChange(f"DELETE at {event.position} has no before-image naming its key "
+                                  f"{list(key_fields)}")
+        key = key_text(old, key_fields)  # type: ignore[arg-type]  # checked by _carries_key
+        touched.append(key)
+    else:
+        if new is None:
+            raise MalformedChange(f"{action.value} at {event.position} has no new row")
+        key = key_text(new, key_fields)
+        touched.append(key)
+        if action is Action.UPDATE and _carries_key(old, key_fields):
+            old_key = key_text(old, key_fields)  # type: ignore[arg-type]
+            if old_key != key:
+                touched.append(old_key)
+    commit_time = None if event.commit_time is None else gojson.time_text(event.commit_time)
+    row = (seq, event.position, action.value, key, _row_text(old, key), _row_text(new, key), commit_time)
+    return row, touched
+
+
+def encode_snapshot_row(row: Row, seq: int, key_fields: Sequence[str], position: str) -> RowTuple:
+    """A re-sync row; `position` is a placeholder until the re-sync's end position is known."""
+    key = key_text(row, key_fields)
+    return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None)
+
+
+def record_batch(rows: Sequence[RowTuple]) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(SCHEMA)
+    arrays = [pa.array(col, type=field.type) for col, field in zip(columns, SCHEMA, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+
+
+# --- schema <-> JSON ---------------------------------------------------------------------------
+
+
+def schema_to_json(schema: TableSchema) -> dict[str, Any]:
+    return {"table": schema.table, "columns": [asdict(c) for c in schema.columns]}
+
+
+def schema_from_json(data: dict[str, Any]) -> TableSchema:
+    return TableSchema(table=data["table"], columns=tuple(Column(**c) for c in data["columns"]))
+
+
+# --- the self-description ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncInfo:
+    """What a snapshot segment records about its re-sync."""
+
+    reason: str
+    begin_position: str | None  # the durable position when it began (None: empty buffer)
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentMeta:
+    """One segment's index entry; also stored inside the segment itself.
+
+    Rows cover `(from_position, to_position]` (None: from the very beginning) and seqs
+    `first_seq..last_seq` (`last_seq = first_seq - 1` for an empty snapshot). `first_arrival` is the
+    wall-clock time (epoch seconds) its first row reached the buffer, which makes "oldest change
+    age" independent of the source's clock. `bytes` comes from the storage, not from the file.
+    """
+
+    number: int
+    kind: SegmentKind
+    from_position: str | None
+    to_position: str
+    first_position: str | None
+    first_seq: int
+    last_seq: int
+    changes: int
+    hll: str
+    first_arrival: float | None
+    sealed_at: float
+    resync: ResyncInfo | None = None
+    bytes: int = 0
+
+    @property
+    def name(self) -> str:
+        return segment_name(self.number, self.kind)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SegmentMeta:
+        resync = data.get("resync")
+        return cls(**{**data, "resync": None if resync is None else ResyncInfo(**resync)})
+
+
+def segment_name(number: int, kind: SegmentKind) -> str:
+    """Names sort in seal order; the number is never reused (publish is no-clobber anyway)."""
+    return f"{SEGMENT_FOLDER}/{number:012d}-{kind}.parquet"
+
+
+def read_meta(storage: BufferStorage, name: str) -> tuple[SegmentMeta, str, TableSchema | None]:
+    """A sealed segment's own entry, table name and schema, from its Parquet footer."""
+    with storage.open_read(name) as f:
+        kv = pq.read_metadata(f).metadata or {}
+    if _META_SEGMENT not in kv:
+        raise ValueError(f"{name} is not a change-buffer segment (no {_META_SEGMENT.decode()} metadata)")
+    meta = SegmentMeta.from_json(json.loads(kv[_META_SEGMENT]))
+    schema = schema_from_json(json.loads(kv[_META_SCHEMA])) if _META_SCHEMA in kv else None
+    return replace(meta, bytes=storage.size(name)), kv[_META_TABLE].decode(), schema
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+class SegmentWriter:
+    """Streams row groups into a temporary object, then seals it as one segment (or discards it).
+
+    Nothing is visible under a segment name until `seal`, which writes the footer (with the
+    self-description), fsyncs and publishes atomically: a crash at any earlier instant leaves only
+    a temporary, which recovery deletes.
+    """
+
+    def __init__(self, storage: BufferStorage, kind: SegmentKind) -> None:
+        self._storage = storage
+        self._temp = storage.create_temp(segment_name(0, kind))
+        self._writer = pq.ParquetWriter(self._temp, SCHEMA, compression=COMPRESSION)
+        self.rows = 0
+
+    def write(self, rows: Sequence[RowTuple]) -> None:
+        """Write `rows` as one row group."""
+        if rows:
+            self.write_batch(record_batch(rows))
+
+    def write_batch(self, batch: pa.RecordBatch | pa.Table) -> None:
+        if isinstance(batch, pa.Table):
+            self._writer.write_table(batch)
+        else:
+            self._writer.write_batch(batch)
+        self.rows += batch.num_rows
+
+    def seal(self, meta: SegmentMeta, table: str, schema: TableSchema | None) -> SegmentMeta:
+        """Footer + fsync + atomic no-clobber publish under `meta.name`; returns meta with its size."""
+        kv = {_META_SEGMENT: json.dumps(meta.to_json()).encode(), _META_TABLE: table.encode()}
+        if schema is not None:
+            kv[_META_SCHEMA] = json.dumps(schema_to_json(schema)).encode()
+        self._writer.add_key_value_metadata(kv)
+        self._writer.close()
+        size = self._storage.publish(self._temp, meta.name)
+        return replace(meta, bytes=size)
+
+    def discard(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            self._storage.discard(self._temp)
+
+
+class SnapshotStaging:
+    """Re-sync rows as they arrive, before their position (the re-sync's end) is known.
+
+    Rows stream into an anonymous local temp file (unlinked: even SIGKILL leaves nothing behind) in
+    row groups, so memory stays one row group whatever the table size. At the end, `copy_to`
+    streams them into the real segment with the position filled in: one extra sequential pass,
+    paid only on an initial load or a re-sync.
+    """
+
+    def __init__(self) -> None:
+        self._file: BinaryIO = tempfile.TemporaryFile()  # noqa: SIM115 - closed by copy_to/discard
+        self._writer = pq.ParquetWriter(self._file, SCHEMA, compression=COMPRESSION)
+
+    def write(self, rows: Sequence[RowTuple]) -> None:
+        if rows:
+            self._writer.write_batch(record_batch(rows))
+
+    def copy_to(self, target: SegmentWriter, position: str) -> None:
+        self._writer.close()
+        self._file.seek(0)
+        staged = pq.ParquetFile(self._file)
+        for i in range(staged.num_row_groups):
+            group = staged.read_row_group(i)
+            stamped = pa.array([position] * group.num_rows, type=pa.string())
+            target.write_batch(group.set_column(_POSITION_COLUMN, SCHEMA.field("position"), stamped))
+        self._file.close()
+
+    def discard(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            self._file.close()
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def resolved_positions(positions: Iterable[str], last: str) -> list[str]:
+    """Each row's boundary position: an empty position belongs to the next row that has one.
+
+    A source entry without a position (laredo may send some) belongs to the next boundary, which
+    falls on the next entry that carries one; past the last such entry, the segment's end.
+    """
+    out = list(positions)
+    following = last
+    for i in range(len(out) - 1, -1, -1):
+        if out[i]:
+            following = out[i]
+        else:
+            out[i] = following
+    return out
+
+
+def seq_through(storage: BufferStorage, meta: SegmentMeta, position: str, cmp: Comparator) -> int:
+    """The last seq of `meta` whose row is at or before `position` (first_seq - 1 if none).
+
+    Only needed when a requested boundary falls strictly inside a segment; it reads two columns.
+    """
+    with storage.open_read(meta.name) as f:
+        table = pq.read_table(f, columns=["seq", "position"])
+    seqs = table.column("seq").to_pylist()
+    positions = resolved_positions(table.column("position").to_pylist(), meta.to_position)
+    through = meta.first_seq - 1
+    for seq, pos in zip(seqs, positions, strict=True):
+        if cmp(pos, position) > 0:
+            break
+        through = seq
+    return through
