@@ -8,7 +8,9 @@ missing object) ends with exit status 1 and one line on stderr naming it, never 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import threading
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -20,6 +22,7 @@ from snapshot_assets.archive.inspect import render_manifest
 from snapshot_assets.archive.positions import COMPARATORS, comparator
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.verify import verify_archive
+from snapshot_assets.config import load_config
 
 
 class CliError(Exception):
@@ -57,6 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     ver = sub.add_parser("verify", help="check the chain and every object of every format")
     _add_store_flags(ver)
+    ver.add_argument("--deep", action="store_true", help="also decode every artifact and compare counts")
+
+    ing = sub.add_parser("ingest", help="run the subscribers into the change buffer until stopped")
+    ing.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+    ing.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
+
+    fan = sub.add_parser("fanout-serve", help="serve a configured table over the laredo fan-out protocol")
+    fan.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+    fan.add_argument("--table", help="the table to serve (default: the only configured table)")
+    fan.add_argument("--host", default="0.0.0.0")
+    fan.add_argument("--port", type=int, default=4002, help="Connect protocol over HTTP/1.1 (0: off)")
+    fan.add_argument("--grpc-port", type=int, default=0, help="also serve gRPC over HTTP/2 on this port")
+    fan.add_argument("--journal-size", type=int, default=10_000)
     return parser
 
 
@@ -104,7 +120,7 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     reader = _reader(args)
-    problems = verify_archive(reader)
+    problems = verify_archive(reader, deep=args.deep)
     for problem in problems:
         out.write(f"PROBLEM: {problem}\n")
     if problems:
@@ -114,7 +130,37 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify}
+def cmd_ingest(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.services import install_stop_signals, run_ingest_service
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    install_stop_signals(stop)
+    outcomes = run_ingest_service(load_config(args.config), args.table, stop=stop)
+    for o in outcomes:
+        state = f"failed: {o.error}" if o.error else f"stopped at {o.result.durable_position if o.result else '-'}"
+        out.write(f"{o.table}: {state}\n")
+    return 1 if any(o.error for o in outcomes) else 0
+
+
+def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from resources.subscribers.factory import build_subscriber
+    from resources.subscribers.fanout_server import FanoutConfig, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = load_config(args.config)
+    if args.table is None and len(config.tables) != 1:
+        raise CliError("several tables are configured; choose one with --table")
+    table = config.table(args.table) if args.table else config.tables[0]
+    fanout = FanoutConfig(schema=table.source.schema, table=table.source.table, host=args.host,
+                          port=args.port, connect=args.port > 0, grpc_port=args.grpc_port,
+                          journal_size=args.journal_size)
+    serve(fanout, build_subscriber(table))
+    return 0
+
+
+COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
+            "fanout-serve": cmd_fanout_serve}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

@@ -1,0 +1,78 @@
+"""Long-running services behind the CLI: `snapshotter ingest` and `snapshotter fanout-serve`.
+
+`ingest` runs one subscriber → buffer loop per configured table (a thread each) until SIGTERM or
+SIGINT, then seals what is complete and exits; a crash at any instant loses nothing (the buffer
+resumes from its durable position). The Dagster side runs the same loop as a long-running run
+kept alive by the ingest supervisor sensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+from resources.buffer import ChangeBuffer
+from resources.ingest import IngestResult, run_ingest
+from resources.subscribers.factory import build_subscriber
+from snapshot_assets.config import SnapshotterConfig, TableConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IngestOutcome:
+    table: str
+    result: IngestResult | None
+    error: BaseException | None
+
+
+def ingest_table(table: TableConfig, stop: threading.Event) -> IngestResult:
+    """One table's ingest loop, until `stop` is set (or a finite source ends)."""
+    subscriber = build_subscriber(table)
+    seal_interval = table.buffer.seal_interval.total_seconds()
+    try:
+        with ChangeBuffer(table.buffer.path, table.name, ordering=subscriber.ordering, seal_interval=seal_interval,
+                          seal_changes=table.buffer.seal_changes) as buffer:
+            return run_ingest(subscriber, buffer, stop=stop)
+    finally:
+        subscriber.close()
+
+
+def run_ingest_service(config: SnapshotterConfig, tables: Sequence[str] = (), *, stop: threading.Event | None = None,
+                       ingest: Callable[[TableConfig, threading.Event], IngestResult] = ingest_table,
+                       ) -> list[IngestOutcome]:
+    """Ingest every configured table (or the named ones) concurrently until stopped."""
+    chosen = [config.table(name) for name in tables] if tables else list(config.tables)
+    stop = stop or threading.Event()
+    outcomes: list[IngestOutcome] = []
+    lock = threading.Lock()
+
+    def worker(table: TableConfig) -> None:
+        try:
+            result, error = ingest(table, stop), None
+        except BaseException as e:  # reported per table; the others keep running
+            log.exception("ingest of %s failed", table.name)
+            result, error = None, e
+        with lock:
+            outcomes.append(IngestOutcome(table.name, result, error))
+
+    threads = [threading.Thread(target=worker, args=(t,), name=f"ingest-{t.name}") for t in chosen]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(timeout=0.5)
+    return outcomes
+
+
+def install_stop_signals(stop: threading.Event) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping after the current transaction", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
