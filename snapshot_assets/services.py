@@ -63,9 +63,15 @@ def run_ingest_service(config: SnapshotterConfig, tables: Sequence[str] = (), *,
     threads = [threading.Thread(target=worker, args=(t,), name=f"ingest-{t.name}") for t in chosen]
     for t in threads:
         t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(timeout=0.5)
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=0.5)
+    except BaseException:  # interrupted (Dagster run termination, Ctrl-C): seal what is complete, then go
+        stop.set()
+        for t in threads:
+            t.join()
+        raise
     return outcomes
 
 

@@ -1,0 +1,176 @@
+"""One table's write path: decide the next artifact, build it with Spark, upload it, commit it.
+
+This is what the Dagster assets call (and `snapshotter run --once` through them). Each step is
+idempotent: object keys are deterministic, so re-running a step after a crash overwrites the same
+objects, and the manifest commit recognises an artifact it already holds.
+
+Local working state lives beside the buffer (`buffer.path`): `_state/<table>/epoch=N` (the STATE
+dataset of each snapshot, the fastest base for the next one), `_staging/<table>` (parts of the
+artifact being built), `_outbox/` (undelivered events).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resources.buffer import BufferReader
+from resources.destinations.base import Destination
+from resources.destinations.factory import build_destination
+from resources.destinations.local import LocalDestination
+from resources.sinks.base import EventSink
+from resources.sinks.factory import build_sink
+from snapshot_assets.archive import keys
+from snapshot_assets.archive.formats import FORMATS
+from snapshot_assets.archive.manifest import Artifact, Manifest, utc_now
+from snapshot_assets.archive.positions import comparator
+from snapshot_assets.archive.reader import artifact_key
+from snapshot_assets.config import TableConfig
+from snapshot_assets.pipeline.commit import (
+    CommitResult,
+    collect_orphans,
+    commit_artifact,
+    current_manifest,
+    delete_artifacts,
+    read_copies,
+)
+from snapshot_assets.pipeline.decide import NextArtifact, next_artifact
+from snapshot_assets.pipeline.outbox import DeliveryReport, Outbox, artifact_event
+
+
+@dataclass
+class BuildResult:
+    artifact: Artifact
+    seconds: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CommitReport:
+    commit: CommitResult
+    deleted_objects: int
+    orphans: int
+    delivery: DeliveryReport
+    released_segments: int
+
+
+class TablePipeline:
+    """Everything about one configured table's archive, from its config."""
+
+    def __init__(self, table: TableConfig, *, destinations: Sequence[Destination] | None = None,
+                 sinks: Sequence[EventSink] | None = None) -> None:
+        self.cfg = table
+        self.name = table.name
+        self.cmp = comparator("lsn")
+        self.destinations = list(destinations) if destinations is not None else [
+            build_destination(d) for d in table.destinations]
+        self.sinks = list(sinks) if sinks is not None else [build_sink(e) for e in table.events]
+        root = Path(table.buffer.path)
+        self.buffer_root = root
+        self.state_root = root / "_state" / self.name
+        self.staging = root / "_staging" / self.name
+        self.outbox = Outbox(root / "_outbox")
+
+    # ---- cheap reads (sensors) -----------------------------------------------------------------
+
+    def buffer(self) -> BufferReader:
+        return BufferReader(self.buffer_root, self.name)
+
+    def manifest(self) -> Manifest:
+        return current_manifest(read_copies(self.destinations, self.cfg.key_prefix), self.name)
+
+    def decide(self, now: _dt.datetime | None = None, *, force: bool = False) -> NextArtifact:
+        m = self.manifest()
+        pending = self.buffer().stats(m.head_position or None)
+        return next_artifact(m, pending, self.cfg.policy, now or _dt.datetime.now(_dt.UTC), force=force)
+
+    # ---- building (Spark) ----------------------------------------------------------------------
+
+    def build(self, spark: Any, nxt: NextArtifact) -> BuildResult:
+        """Build `nxt` with Spark and upload every format to every destination (not yet committed)."""
+        from snapshot_assets.spark.assemble import assemble
+        from snapshot_assets.spark.bases import StateBase, choose_base
+        from snapshot_assets.spark.diff import build_diff
+        from snapshot_assets.spark.snapshot import build_snapshot
+
+        if nxt.kind not in ("snapshot", "diff") or nxt.to_position is None:
+            raise ValueError(f"nothing to build for {self.name} ({nxt.kind})")
+        m = self.manifest()
+        reader = self.buffer()
+        shutil.rmtree(self.staging, ignore_errors=True)
+        if nxt.kind == "diff":
+            if nxt.from_position != m.head_position:
+                raise ValueError(f"{self.name}: the diff starts at {nxt.from_position}, the head is {m.head_position}")
+            epoch = m.epoch
+            segments = reader.segments(m.head_position, nxt.to_position)
+            built = build_diff(spark, segments, m.head_position, nxt.to_position, self.cfg.key_fields,
+                               self.cfg.diff_formats, self.staging)
+        else:
+            epoch = m.epoch + 1
+            previous = m.latest_snapshot()
+            state = StateBase.load(self.state_root / f"epoch={previous.epoch}") if previous else None
+            base, segments = choose_base(reader, nxt.to_position, state=state,
+                                         artifact=self._artifact_base(previous), cmp=self.cmp)
+            built = build_snapshot(spark, base, segments, nxt.to_position, self.cfg.key_fields,
+                                   self.cfg.snapshot_formats, self.staging, self.state_root / f"epoch={epoch}")
+        refs = assemble(built, self.destinations, self.cfg.key_prefix, epoch)
+        shutil.rmtree(self.staging, ignore_errors=True)
+        snap = nxt.kind == "snapshot"
+        art = Artifact(kind=nxt.kind, epoch=epoch, from_position=nxt.from_position, to_position=nxt.to_position,
+                       created_at=utc_now(), formats=refs, row_count=built.count if snap else 0,
+                       change_count=0 if snap else built.count)
+        return BuildResult(art, built.seconds, dict(built.details))
+
+    def _artifact_base(self, previous: Artifact | None) -> Any:
+        """The previous snapshot's objects as a Spark base, from a local destination (if any)."""
+        from snapshot_assets.spark.bases import ArtifactBase
+
+        if previous is None:
+            return None
+        for dest in self.destinations:
+            if not isinstance(dest, LocalDestination):
+                continue
+            for fid in ("parquet", "jsonl", "protobuf"):
+                if fid in previous.formats:
+                    key = artifact_key(self.cfg.key_prefix, previous, FORMATS[fid])
+                    paths = [dest.uri(o.key) for o in dest.list(key + "/")] or [dest.uri(key)]
+                    return ArtifactBase(tuple(paths), fid, previous.to_position)
+        return None
+
+    # ---- committing ----------------------------------------------------------------------------
+
+    def commit(self, art: Artifact) -> CommitReport:
+        """Commit, then clean up and notify; failures after the commit never undo it."""
+        result = commit_artifact(self.destinations, self.cfg.key_prefix, self.name, art, cmp=self.cmp,
+                                 keep_epochs=self.cfg.keep_epochs)
+        deleted = delete_artifacts(self.destinations, self.cfg.key_prefix, result.pruned)
+        orphans = sum(len(collect_orphans(d, self.cfg.key_prefix, result.manifest)) for d in self.destinations)
+        self._prune_state(result.manifest)
+        manifest_uri = self.destinations[0].uri(keys.manifest_key(self.cfg.key_prefix))
+        self.outbox.enqueue(artifact_event(self.name, art, result.manifest.head_position, manifest_uri), self.sinks)
+        delivery = self.outbox.deliver(self.sinks)
+        released = self._release_buffer(result.manifest)
+        return CommitReport(result, deleted, orphans, delivery, released)
+
+    def _prune_state(self, m: Manifest) -> None:
+        """Keep only the STATE dataset of the newest snapshot (the next snapshot's base)."""
+        if not self.state_root.exists():
+            return
+        for path in self.state_root.glob("epoch=*"):
+            if path.name != f"epoch={m.epoch}":
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _release_buffer(self, m: Manifest) -> int:
+        """Ask the buffer to drop segments the archive no longer needs: those before the newest snapshot.
+
+        Changes after the newest snapshot stay, because the next snapshot is built from that
+        snapshot plus them. The buffer's writer (the ingest process) does the deletion.
+        """
+        snap = m.latest_snapshot()
+        if snap is None:
+            return 0
+        return self.buffer().release_below(snap.to_position)
