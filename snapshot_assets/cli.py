@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from collections.abc import Sequence
 from typing import TextIO
+
+import dagster as dg
 
 from resources.destinations.base import Destination, DestinationError
 from resources.destinations.factory import build_destination, location_spec
@@ -65,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     ing = sub.add_parser("ingest", help="run the subscribers into the change buffer until stopped")
     ing.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
     ing.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
+
+    once = sub.add_parser("run", help="catch every configured table up to the source position seen at start")
+    once.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+    once.add_argument("--once", action="store_true", required=True,
+                      help="run one catch-up pass and exit (the continuous mode is `dagster dev` / the daemon)")
+    once.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
+    once.add_argument("--force-snapshot", action="store_true", help="start with a snapshot whatever the policy says")
+    once.add_argument("--no-ingest", action="store_true", help="only archive what the buffer already holds")
 
     fan = sub.add_parser("fanout-serve", help="serve a configured table over the laredo fan-out protocol")
     fan.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -143,6 +154,30 @@ def cmd_ingest(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if any(o.error for o in outcomes) else 0
 
 
+def _use_config(path: str | None) -> None:
+    """Point the code location at `path` before Dagster definitions are loaded."""
+    if path:
+        os.environ["SNAPSHOTTER_CONFIG"] = os.path.abspath(path)
+
+
+def dagster_instance() -> dg.DagsterInstance:
+    """The persistent instance when DAGSTER_HOME is set (runs show in `dagster dev`), else an ephemeral one."""
+    return dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.run_once import run_once
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _use_config(args.config)
+    config = load_config(args.config)
+    for outcome in run_once(config, args.table, instance=dagster_instance(), force=args.force_snapshot,
+                            ingest=not args.no_ingest):
+        wrote = ", ".join(outcome.artifacts) or "nothing new"
+        out.write(f"{outcome.table}: buffer at {outcome.ingested_to}, head {outcome.head or '-'}; wrote {wrote}\n")
+    return 0
+
+
 def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
     from resources.subscribers.factory import build_subscriber
     from resources.subscribers.fanout_server import FanoutConfig, serve
@@ -160,7 +195,7 @@ def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
 
 
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
-            "fanout-serve": cmd_fanout_serve}
+            "fanout-serve": cmd_fanout_serve, "run": cmd_run}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -168,7 +203,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
     try:
         return COMMANDS[args.command](args, stream)
-    except (CliError, ArchiveError, DestinationError, ValueError) as e:
+    except (CliError, ArchiveError, DestinationError, ValueError, RuntimeError, TimeoutError) as e:
         print(f"snapshotter {args.command}: {e}", file=sys.stderr)
         return 1
 
