@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     once.add_argument("--force-snapshot", action="store_true", help="start with a snapshot whatever the policy says")
     once.add_argument("--no-ingest", action="store_true", help="only archive what the buffer already holds")
 
+    demo = sub.add_parser("demo", help="the whole pipeline on embedded defaults (generator, local archive, Spark)")
+    demo.add_argument("--dir", default=".snapshotter", help="the demo's working directory (recreated)")
+    demo.add_argument("--cycles", type=int, default=5)
+    demo.add_argument("--changes-per-cycle", type=int, default=3000)
+
     fan = sub.add_parser("fanout-serve", help="serve a configured table over the laredo fan-out protocol")
     fan.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
     fan.add_argument("--table", help="the table to serve (default: the only configured table)")
@@ -178,6 +183,15 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    from pathlib import Path
+
+    from snapshot_assets.demo import run_demo
+
+    logging.basicConfig(level=logging.WARNING)
+    return run_demo(out, workdir=Path(args.dir).resolve(), cycles=args.cycles, per_cycle=args.changes_per_cycle)
+
+
 def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
     from resources.subscribers.factory import build_subscriber
     from resources.subscribers.fanout_server import FanoutConfig, serve
@@ -195,7 +209,7 @@ def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
 
 
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
-            "fanout-serve": cmd_fanout_serve, "run": cmd_run}
+            "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

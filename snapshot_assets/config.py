@@ -278,6 +278,8 @@ def _destination(s: _Section, credentials: Mapping[str, CredentialProfile]) -> d
     for key in DESTINATION_REQUIRED[kind]:
         if not spec.get(key):
             raise ConfigError(s.file, s.at(key), f"is required for a {kind} destination")
+    if kind == "local":
+        spec["path"] = os.path.abspath(str(spec["path"]))
     if "path_style" in spec:
         spec["path_style"] = s.get("path_style", parse_bool, False)
     _check_profile(s, spec, credentials)
@@ -316,7 +318,7 @@ def _formats(s: _Section, key: str) -> tuple[str, ...]:
 
 def _buffer(s: _Section, default: BufferConfig) -> BufferConfig:
     b = BufferConfig(
-        path=s.string("path", default.path),
+        path=os.path.abspath(s.string("path", default.path)),  # Spark's executors may not share our cwd
         seal_interval=s.get("seal_interval", parse_duration, default.seal_interval),
         seal_changes=s.get("seal_changes", parse_count, default.seal_changes),
     )
@@ -425,7 +427,8 @@ def _from_tree(tree: ConfigTree, file: str, env: Mapping[str, str] | None) -> Sn
     spark = SparkConfig(remote=spark_s.string("remote"), master=spark_s.string("master"),
                         conf={k: str(v) for k, v in spark_s.sub("conf").plain().items()})
     spark_s.done()
-    buffer = _buffer(root.sub("buffer"), BufferConfig()) if root.has("buffer") else BufferConfig()
+    buffer = _buffer(root.sub("buffer"), BufferConfig()) if root.has("buffer") else _buffer(_Section({}, "", file),
+                                                                                                BufferConfig())
     if root.has("tables"):
         stray = [k for k in TABLE_KEYS if k != "buffer" and root.has(k)]
         if stray:

@@ -96,12 +96,12 @@ def parse_size(value: Any) -> int:
 
 
 def parse_fraction(value: Any) -> float:
-    """A fraction in [0, 1] (0 disables a fraction trigger); `25%` is accepted too."""
+    """A non-negative fraction (0 disables a fraction trigger; 1.5 means 150%); `25%` is accepted too."""
     if isinstance(value, str) and value.strip().endswith("%"):
         value = _number(value.strip()[:-1]) / 100
     number = _number(value)
-    if not 0 <= number <= 1:
-        raise ValueParseError(f"fraction {value!r} is outside [0, 1]")
+    if not number >= 0 or number == float("inf"):
+        raise ValueParseError(f"fraction {value!r} must be a finite number >= 0")
     return number
 
 

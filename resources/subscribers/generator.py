@@ -182,9 +182,9 @@ class _Model:
         self._txs_since_resync += 1
         self._txs += 1
         when = _BASE_TIME + _dt.timedelta(microseconds=self._txs * _TX_SPACING_US)
+        # A limit never cuts a transaction short: the stream ends after the transaction that reaches
+        # it, so the stream for `changes=N` is an exact prefix of the stream for any larger limit.
         size = self._rng.randint(*self.cfg.tx_size)
-        if self.cfg.changes is not None:
-            size = min(size, self.cfg.changes - self.emitted)
         actions, weights = zip(*self.cfg.mix, strict=True)
         changes = []
         for _ in range(size):

@@ -53,7 +53,8 @@ def test_stream_shape() -> None:
             assert isinstance(event, TxEnd) and tx and {c.position for c in tx} == {event.position}
             tx = []
     changes = [e for e in stream if isinstance(e, ChangeEvent)]
-    assert len(changes) == 1500 and [c.sequence for c in changes] == list(range(1, 1501))
+    # the limit ends the stream after the transaction that reaches it (never mid-transaction)
+    assert 1500 <= len(changes) < 1500 + 5 and [c.sequence for c in changes] == list(range(1, len(changes) + 1))
     actions = {c.action for c in changes}
     assert actions == set(Action)
     moves = [c for c in changes if c.action is Action.UPDATE and c.old and c.new and c.old["id"] != c.new["id"]]
@@ -125,3 +126,11 @@ def test_acknowledge_records_the_highest_position() -> None:
     g.acknowledge("1/00000010")
     g.acknowledge("0/00000020")
     assert g.acknowledged == "1/00000010"
+
+
+def test_a_larger_limit_extends_the_stream_exactly() -> None:
+    """A stream bounded at N changes is a prefix of the same seed's longer stream, to the transaction."""
+    short = [e for e in gen(changes=700).events(None)]
+    long = [e for e in gen(changes=1400).events(None)]
+    assert long[: len(short)] == short
+    assert isinstance(short[-1], TxEnd)

@@ -128,7 +128,7 @@ BASE = 'snapshotter {{ source {{ server = s, table = t }}, destinations = [ {{ t
         ("diff.interval = 5 parsecs", "snapshotter.diff.interval", "unknown unit 'parsecs'"),
         ("diff.interval = 0s", "snapshotter.diff.interval", "greater than 0"),
         ("snapshot.max_diff_bytes = 32 lightyears", "snapshotter.snapshot.max_diff_bytes", "cannot parse size"),
-        ("snapshot.max_diff_fraction = 1.5", "snapshotter.snapshot.max_diff_fraction", "outside [0, 1]"),
+        ("snapshot.max_diff_fraction = -0.5", "snapshotter.snapshot.max_diff_fraction", "must be a finite number >= 0"),
         ("snapshot.max_churn_records = many", "snapshotter.snapshot.max_churn_records", "expected a number"),
         ("snapshot.max_intervall = 5m", "snapshotter.snapshot.max_intervall", "unknown key 'max_intervall'"),
         ("formats.snapshot = [csv]", "snapshotter.formats.snapshot", "unknown format 'csv'"),
