@@ -1,0 +1,253 @@
+"""Where a snapshot starts from: the table state at some earlier position, as a (key, row) DataFrame.
+
+Sources, fastest first:
+  * `StateBase`: this project's internal STATE dataset, written by the previous snapshot run
+    (Parquet, columns key = canonical JSON of the typed key, row = Go-JSON text). A plain columnar
+    scan: no decoding, no re-keying.
+  * `ArtifactBase`: the previous snapshot artifact. jsonl is read as text by Spark (split across
+    tasks) and keyed in tasks; other formats (a protobuf object, a parquet folder) are read file by
+    file in tasks with the project's format readers.
+  * `BufferSnapshotBase`: a SNAPSHOT segment of the change buffer: the source's initial load or a
+    later re-sync, which resets the base (its rows already carry the canonical key).
+  * `EmptyBase`: nothing (a table that starts empty).
+`choose_base` picks one for a snapshot at `to_position` and the buffer segments that follow it.
+Paths are local paths or `file://` URIs (what a local runtime reads); see parts.py for clusters.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import urllib.parse
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from resources.buffer.reader import BufferView, SegmentRef
+from snapshot_assets.archive import gojson
+from snapshot_assets.archive.changes import Row
+from snapshot_assets.archive.errors import CorruptArtifact
+from snapshot_assets.archive.formats import get_format
+from snapshot_assets.archive.keys import typed_key
+from snapshot_assets.archive.positions import Comparator, compare_lsn
+from snapshot_assets.spark.effects import STATE_DDL, encode_row, key_json
+
+STATE_MARKER = "_snapshotter_state.json"
+_STATE_ARROW = pa.schema([("key", pa.string()), ("row", pa.string())])
+
+
+class Base(Protocol):
+    """A table state at `position` (None: before anything)."""
+
+    @property
+    def position(self) -> str | None: ...
+
+    def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
+        """The rows as STATE_DDL (key, row)."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+def local_path(path_or_uri: str) -> str:
+    """A filesystem path from a path or a `file://` URI (what a local destination's `uri` returns)."""
+    parsed = urllib.parse.urlparse(path_or_uri)
+    if parsed.scheme == "file":
+        return urllib.parse.unquote(parsed.path)
+    if parsed.scheme:
+        raise ValueError(f"{path_or_uri!r}: only local paths and file:// URIs can be read by this job "
+                         "(S3 artifacts need hadoop-aws, which this project does not ship)")
+    return path_or_uri
+
+
+def _state_batch(rows: Sequence[tuple[str, str]]) -> Any:
+    keys, texts = (list(c) for c in zip(*rows, strict=True)) if rows else ([], [])
+    return pa.RecordBatch.from_arrays([pa.array(keys, pa.string()), pa.array(texts, pa.string())],
+                                      schema=_STATE_ARROW)
+
+
+def keyed(row: Row, key_fields: Sequence[str], text: str | None = None) -> tuple[str, str]:
+    """(canonical key, Go-JSON text) of a snapshot row."""
+    return key_json(typed_key(row, key_fields)), text if text is not None else encode_row(row, key_fields)
+
+
+# --- the bases --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyBase:
+    position: str | None = None
+
+    def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
+        return spark.createDataFrame([], STATE_DDL)
+
+    def describe(self) -> str:
+        return "an empty table"
+
+
+@dataclass(frozen=True, slots=True)
+class StateBase:
+    """The STATE dataset written by `write_state` (its marker records position and key fields)."""
+
+    path: str
+    position: str
+    rows: int
+    key_fields: tuple[str, ...]
+
+    @classmethod
+    def load(cls, path: Path | str) -> StateBase | None:
+        """The dataset at `path` if it is complete (its marker is written last), else None."""
+        try:
+            meta = json.loads((Path(path) / STATE_MARKER).read_text())
+            return cls(str(path), str(meta["position"]), int(meta["rows"]), tuple(meta["key_fields"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
+        if tuple(key_fields) != self.key_fields:
+            raise ValueError(f"state at {self.path} is keyed by {list(self.key_fields)}, not {list(key_fields)}")
+        return spark.read.schema(STATE_DDL).parquet(self.path)
+
+    def describe(self) -> str:
+        return f"state dataset {self.path} at {self.position} ({self.rows} rows)"
+
+
+def _jsonl_lines(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[Any]:
+    for batch in batches:
+        rows: list[tuple[str, str]] = []
+        for line in batch.column("value").to_pylist():
+            text = line.rstrip("\r") if line else line
+            if not text:
+                continue
+            row = gojson.loads(text)
+            if not isinstance(row, dict):
+                raise CorruptArtifact(f"snapshot line is not a JSON object: {text[:80]!r}")
+            rows.append(keyed(row, key_fields, text))
+        yield _state_batch(rows)
+
+
+def _snapshot_files(batches: Iterable[Any], format_id: str, key_fields: tuple[str, ...]) -> Iterator[Any]:
+    fmt = get_format(format_id)
+    for batch in batches:
+        for path in batch.column("path").to_pylist():
+            rows: list[tuple[str, str]] = []
+            with open(path, "rb") as src:
+                for row in fmt.read_snapshot(src):
+                    rows.append(keyed(row, key_fields))
+                    if len(rows) >= 4096:
+                        yield _state_batch(rows)
+                        rows = []
+            yield _state_batch(rows)
+
+
+def files_frame(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """One row per file, spread so each task reads its own files."""
+    frame = spark.createDataFrame([(p,) for p in paths], "path STRING")
+    return frame.repartition(max(1, len(paths)))
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactBase:
+    """A snapshot artifact's object(s): one file, or the part files of a parquet folder."""
+
+    paths: tuple[str, ...]
+    format_id: str
+    position: str
+
+    def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
+        fields = tuple(key_fields)
+        paths = [local_path(p) for p in self.paths]
+        if self.format_id == "jsonl":
+            func = functools.partial(_jsonl_lines, key_fields=fields)
+            return spark.read.text(paths).mapInArrow(func, STATE_DDL)
+        func = functools.partial(_snapshot_files, format_id=self.format_id, key_fields=fields)
+        return files_frame(spark, paths).mapInArrow(func, STATE_DDL)
+
+    def describe(self) -> str:
+        return f"{self.format_id} snapshot at {self.position} ({len(self.paths)} file(s))"
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSnapshotBase:
+    """A buffer SNAPSHOT segment (initial load or re-sync), complete as of its `to_position`."""
+
+    segment: SegmentRef
+
+    @property
+    def position(self) -> str | None:
+        return self.segment.to_position
+
+    def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
+        if self.segment.kind != "snapshot":
+            raise ValueError(f"{self.segment.name} is a {self.segment.kind} segment, not a snapshot segment")
+        rows = spark.read.parquet(self.segment.path).filter(self.segment.filter_sql)
+        return rows.filter("action = 'SNAPSHOT'").selectExpr("key", "new AS row")
+
+    def describe(self) -> str:
+        return f"buffer re-sync {self.segment.name} at {self.segment.to_position}"
+
+
+# --- choosing -----------------------------------------------------------------------------------
+
+
+def choose_base(buffer: BufferView, to_position: str, *, state: StateBase | None = None,
+                artifact: ArtifactBase | None = None,
+                cmp: Comparator = compare_lsn) -> tuple[Base, list[SegmentRef]]:
+    """The base of a snapshot at `to_position` and the change segments after it.
+
+    A re-sync newer than the previous snapshot resets the base (the first snapshot always comes
+    from the initial load). Otherwise the previous snapshot: its STATE dataset when it is at the
+    same position as the artifact (or there is no artifact), else the artifact itself.
+    """
+    previous: StateBase | ArtifactBase | None = artifact
+    if state is not None and (artifact is None or state.position == artifact.position):
+        previous = state
+    resync = buffer.latest_resync()
+    base: Base
+    if resync is not None and (previous is None or cmp(resync.end_position, previous.position) > 0):
+        if cmp(resync.end_position, to_position) > 0:
+            raise ValueError(f"a re-sync ended at {resync.end_position}, after the requested snapshot position "
+                             f"{to_position}; snapshot at or after it")
+        if resync.segment is None:
+            raise ValueError(f"the re-sync at {resync.end_position} is no longer in the buffer")
+        base = BufferSnapshotBase(buffer.segment_ref(resync.segment))
+    elif previous is not None:
+        base = previous
+    else:
+        raise ValueError("no base for a snapshot: no previous snapshot and no re-sync in the buffer")
+    start = base.position
+    assert start is not None
+    if cmp(start, to_position) > 0:
+        raise ValueError(f"the base ({base.describe()}) is after the snapshot position {to_position}")
+    return base, (buffer.segments(start, to_position) if cmp(start, to_position) < 0 else [])
+
+
+# --- writing the state dataset --------------------------------------------------------------------
+
+
+def write_state(state: DataFrame, state_dir: Path | str, position: str, key_fields: Sequence[str]) -> StateBase:
+    """Write the STATE dataset to `state_dir` (replacing it) and return it as the next run's base.
+
+    Spark writes into a sibling temporary folder which is renamed into place; the marker (position,
+    row count, key fields) is written last, so a crash leaves no dataset that `StateBase.load`
+    accepts. The row count is an aggregate over the written files (the table is never collected).
+    """
+    target = Path(state_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    state.write.mode("overwrite").parquet(str(tmp))
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    spark = state.sparkSession
+    rows = int(spark.read.schema(STATE_DDL).parquet(str(target)).count())
+    marker = {"position": position, "rows": rows, "key_fields": list(key_fields), "version": 1}
+    (target / STATE_MARKER).write_text(json.dumps(marker))
+    return StateBase(str(target), position, rows, tuple(key_fields))
