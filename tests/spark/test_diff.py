@@ -1,0 +1,89 @@
+"""The Spark diff equals `algebra.collapse` on the same window, byte for byte per change."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resources.subscribers.generator import KEY_FIELDS
+from snapshot_assets.archive.algebra import collapse
+from snapshot_assets.archive.changes import Action, Change
+from snapshot_assets.archive.formats import FORMATS
+from snapshot_assets.spark.diff import build_diff
+from tests.spark.conftest import (
+    ALL_FORMATS,
+    Generated,
+    change_multiset,
+    frames,
+    generate,
+    python_bytes,
+    read_parts,
+    staged_bytes,
+    window_changes,
+)
+
+
+def decode(format_id: str, data: bytes) -> list[Change]:
+    return list(FORMATS[format_id].read_diff(io.BytesIO(data)))
+
+
+def check_diff(spark: Any, g: Generated, from_position: str, to_position: str, staging: Path) -> bool:
+    """Build the diff with Spark and compare it with collapse; returns whether it had a TRUNCATE."""
+    expected = collapse(window_changes(g.reader, from_position, to_position), KEY_FIELDS)
+    built = build_diff(spark, g.reader.segments(from_position, to_position), from_position, to_position,
+                       KEY_FIELDS, ALL_FORMATS, staging)
+    assert built.count == len(expected)
+    truncated = bool(expected) and expected[0].action is Action.TRUNCATE
+    assert built.truncated == truncated
+    for fid in ALL_FORMATS:
+        got = read_parts(built.formats[fid], "diff")
+        # decoded as the format decodes (protobuf turns integers beyond 2^53 into strings)
+        assert change_multiset(got) == change_multiset(decode(fid, python_bytes(fid, "diff", expected))), fid
+        if truncated:
+            assert got[0].action is Action.TRUNCATE, f"{fid}: the TRUNCATE must come first"
+            assert all(c.action is not Action.TRUNCATE for c in got[1:])
+        if fid != "parquet":  # (c) every line / message is the Python writer's bytes
+            data = staged_bytes(built.formats[fid])
+            assert sorted(frames(data, fid)) == sorted(frames(python_bytes(fid, "diff", expected), fid)), fid
+            assert built.formats[fid].bytes == len(data)
+    return truncated
+
+
+@pytest.mark.parametrize("seed, truncate", [(1, 0.0), (2, 0.004), (3, 0.01)])
+def test_diff_equals_collapse(spark: Any, tmp_path: Path, seed: int, truncate: float) -> None:
+    g = generate(tmp_path / "buffer", seed, truncate=truncate, pk_change=0.1)
+    b = g.boundaries
+    windows = [(b[5], b[len(b) // 2]), (b[len(b) // 2], b[-1])]
+    if seed == 1:
+        windows.append((g.resyncs[0], b[-1]))  # the whole stream after the initial load
+    truncated = [check_diff(spark, g, lo, hi, tmp_path / f"staging-{i}") for i, (lo, hi) in enumerate(windows)]
+    if truncate >= 0.01:
+        assert any(truncated), "the seed should exercise a TRUNCATE"
+
+
+def test_single_transaction_and_hot_key_windows(spark: Any, tmp_path: Path) -> None:
+    """Tiny windows (one transaction) and a stream concentrated on few keys (long key groups)."""
+    g = generate(tmp_path / "buffer", 7, rows=20, changes=600, pk_change=0.2, tx_size=(3, 12))
+    b = g.boundaries
+    check_diff(spark, g, b[10], b[11], tmp_path / "one")
+    check_diff(spark, g, b[0], b[-1], tmp_path / "all")
+
+
+def test_pk_changes_collapse_across_keys(spark: Any, tmp_path: Path) -> None:
+    """Every update moves its row to a new key: deletes of old keys and inserts of new ones."""
+    g = generate(tmp_path / "buffer", 11, rows=30, changes=400, pk_change=1.0)
+    check_diff(spark, g, g.boundaries[3], g.boundaries[-1], tmp_path / "staging")
+
+
+def test_empty_window_stages_nothing(spark: Any, tmp_path: Path) -> None:
+    built = build_diff(spark, [], "0/10", "0/20", KEY_FIELDS, ALL_FORMATS, tmp_path / "staging")
+    assert built.count == 0 and not built.truncated
+    assert all(not s.parts and s.bytes == 0 for s in built.formats.values())
+
+
+def test_diff_rejects_a_degenerate_window(spark: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="two different"):
+        build_diff(spark, [], "0/10", "0/10", KEY_FIELDS, ALL_FORMATS, tmp_path)

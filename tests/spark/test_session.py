@@ -1,0 +1,122 @@
+"""The Spark runtime: the local Spark Connect server end to end, reuse, stop, and the classic fallback."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resources.subscribers.generator import KEY_FIELDS
+from snapshot_assets.archive.algebra import collapse
+from snapshot_assets.config import SparkConfig
+from snapshot_assets.spark import connect_server
+from snapshot_assets.spark import session as session_module
+from snapshot_assets.spark.connect_server import (
+    ConnectServerError,
+    local_server_info,
+    server_command,
+    stop_local_connect_server,
+)
+from snapshot_assets.spark.diff import build_diff
+from snapshot_assets.spark.session import open_spark
+from tests.spark.conftest import ALL_FORMATS, change_multiset, generate, read_parts, window_changes
+
+
+def test_server_command_uses_the_bundled_jars_only() -> None:
+    cmd = server_command(15999, {"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2"})
+    assert cmd[0].endswith("bin/spark-submit") and "--packages" not in cmd and "--jars" not in cmd
+    assert cmd[cmd.index("--class") + 1] == "org.apache.spark.sql.connect.service.SparkConnectServer"
+    assert cmd[cmd.index("--driver-memory") + 1] == "1g"
+    assert "spark.connect.grpc.binding.address=127.0.0.1" in cmd and cmd[-1] == "spark-internal"
+
+
+def test_fallback_to_a_classic_session_when_the_server_cannot_start(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise ConnectServerError("java exploded")
+
+    monkeypatch.setattr(session_module, "ensure_local_connect_server", broken)
+    with caplog.at_level(logging.WARNING):
+        runtime = open_spark(SparkConfig(), state_dir=tmp_path)
+    assert runtime.mode == "classic-local" and "java exploded" in runtime.note
+    assert "java exploded" in caplog.text
+    assert runtime.spark.range(3).count() == 3  # the suite's classic session, reused
+
+
+@pytest.mark.slow
+def test_local_connect_server_end_to_end(tmp_path: Path) -> None:
+    """Start the server, run a real diff over Spark Connect, reuse the warm server, stop it."""
+    state = tmp_path / "spark-connect"
+    config = SparkConfig(conf={"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2"})
+    try:
+        cold = open_spark(config, state_dir=state)
+        assert cold.mode == "connect-local" and cold.is_connect and "started" in cold.note
+        g = generate(tmp_path / "buffer", 71, truncate=0.005, changes=800)
+        lo, hi = g.boundaries[3], g.boundaries[-1]
+        built = build_diff(cold.spark, g.reader.segments(lo, hi), lo, hi, KEY_FIELDS, ALL_FORMATS,
+                           tmp_path / "staging")
+        expected = collapse(window_changes(g.reader, lo, hi), KEY_FIELDS)
+        assert change_multiset(read_parts(built.formats["jsonl"], "diff")) == change_multiset(expected)
+        cold.stop()
+
+        started = time.monotonic()
+        warm = open_spark(config, state_dir=state)
+        assert warm.mode == "connect-local" and "reused" in warm.note
+        assert warm.spark.range(5).count() == 5
+        assert time.monotonic() - started < cold.startup_s
+        info = local_server_info(state)
+        assert info is not None and info.pid > 0
+        warm.stop()
+    finally:
+        stopped = stop_local_connect_server(state)
+    assert stopped and local_server_info(state) is None
+
+
+def fake_server(state: Path, code: str) -> subprocess.Popen[bytes]:
+    """A process that looks like a Connect server (its command line names the class), recorded in
+    server.json with a given code fingerprint and a port nobody answers on."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", connect_server.SERVER_CLASS],
+                               start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not connect_server._pid_is_server(process.pid):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.01)  # until the child has exec'd
+    state.mkdir(parents=True, exist_ok=True)
+    info = connect_server.ServerInfo(process.pid, 9, "t", time.time(), str(state / "server.log"), code)
+    connect_server._save(state, info)
+    return process
+
+
+@pytest.mark.parametrize("stale", ["older code", "silent port"])
+def test_a_stale_server_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stale: str) -> None:
+    state = tmp_path / "sc"
+    code = "old" if stale == "older code" else connect_server.code_fingerprint()
+    process = fake_server(state, code)
+    replacement = connect_server.ServerInfo(1, 2, "tok", 0.0, "log", connect_server.code_fingerprint())
+    monkeypatch.setattr(connect_server, "_launch", lambda *_a, **_k: replacement)
+    info, started = connect_server.ensure_local_connect_server(state)
+    assert started and info == replacement
+    assert not connect_server._pid_is_server(process.pid)  # the stale one was terminated
+    process.wait(timeout=10)
+
+
+def test_stop_ends_the_recorded_server_only_once(tmp_path: Path) -> None:
+    process = fake_server(tmp_path, "x")
+    assert stop_local_connect_server(tmp_path) is True
+    assert not connect_server._pid_is_server(process.pid)
+    process.wait(timeout=10)
+    assert stop_local_connect_server(tmp_path) is False
+
+
+def test_the_watchdog_ends_a_server_nobody_records_any_more(tmp_path: Path) -> None:
+    process = fake_server(tmp_path, "x")
+    (tmp_path / "server.json").unlink()  # e.g. the demo folder holding the state was deleted
+    connect_server.watch(tmp_path, process.pid, interval_s=0.01)
+    assert not connect_server._pid_is_server(process.pid)
+    process.wait(timeout=10)
+    connect_server.watch(tmp_path, process.pid, interval_s=0.01)  # returns at once: the server is gone
