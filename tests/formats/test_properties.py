@@ -267,3 +267,18 @@ def test_integers_beyond_2_53_stay_exact(numbers: list[int], format_id: str) -> 
     written = [{"id": i, "n": n, "nested": {"n": [n]}} for i, n in enumerate(numbers)]
     got = round_trip_snapshot(format_id, written)
     assert_same(got, written)
+
+
+_plain = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@SETTINGS
+@given(st.dictionaries(st.text(max_size=6), _plain, max_size=6))
+def test_stdlib_fast_path_is_byte_identical_to_the_exact_encoder(row: dict[str, Any]) -> None:
+    """encode_row hands plain rows to the C encoder; its output must equal the exact Go encoder's."""
+    assert gojson.encode_row(row, lambda: "") == gojson.encode_value(row)
