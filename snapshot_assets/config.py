@@ -92,6 +92,7 @@ class CredentialProfile:
     external_id: str = ""
     session_name: str = ""
     base: str = ""
+    endpoint_url: str = ""  # the STS endpoint of an assume_role profile (tests, private endpoints)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class TableConfig:
     diff_formats: tuple[str, ...]
     events: tuple[Mapping[str, Any], ...]
     buffer: BufferConfig
+    credentials: Mapping[str, CredentialProfile] = field(default_factory=dict)  # the profiles specs may name
 
     @property
     def name(self) -> str:
@@ -225,7 +227,8 @@ def _plain(value: Any) -> Any:
 
 SOURCE_TYPES = ("laredo", "postgres", "generator")
 DESTINATION_KEYS = {"local": {"type", "path"},
-                    "s3": {"type", "bucket", "prefix", "region", "endpoint_url", "path_style", "credentials"}}
+                    "s3": {"type", "bucket", "prefix", "region", "endpoint_url", "path_style", "credentials",
+                           "connect_timeout", "read_timeout", "max_attempts", "multipart_threshold"}}
 DESTINATION_REQUIRED = {"local": ("path",), "s3": ("bucket",)}
 EVENT_KEYS = {"sns": ("topic_arn",), "sqs": ("queue_url",), "kinesis": ("stream",), "file": ("path",)}
 EVENT_COMMON = {"type", "region", "endpoint_url", "credentials"}
@@ -282,6 +285,11 @@ def _destination(s: _Section, credentials: Mapping[str, CredentialProfile]) -> d
         spec["path"] = os.path.abspath(str(spec["path"]))
     if "path_style" in spec:
         spec["path_style"] = s.get("path_style", parse_bool, False)
+    for key, parse in (("connect_timeout", parse_duration), ("read_timeout", parse_duration),
+                       ("max_attempts", parse_count), ("multipart_threshold", parse_size)):
+        if key in spec:
+            value = s.get(key, parse, None)
+            spec[key] = value.total_seconds() if isinstance(value, _dt.timedelta) else value
     _check_profile(s, spec, credentials)
     return spec
 
@@ -356,6 +364,7 @@ def _table(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: Bu
         diff_formats=diff_formats,
         events=tuple(_event(e, credentials) for e in s.items("events")),
         buffer=_buffer(s.sub("buffer"), buffer) if s.has("buffer") else buffer,
+        credentials=credentials,
     )
     return table
 
@@ -369,6 +378,7 @@ def _credentials(s: _Section) -> dict[str, CredentialProfile]:
             name=name, type=kind, region=c.string("region"),
             role_arn=c.string("role_arn", required=kind == "assume_role"),
             external_id=c.string("external_id"), session_name=c.string("session_name"), base=c.string("base"),
+            endpoint_url=c.string("endpoint_url"),
         )
         c.done()
         out[name] = profile

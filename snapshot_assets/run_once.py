@@ -9,6 +9,7 @@ status 0 means every table's archive reached its buffer's durable position.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from resources.buffer import BufferReader
-from snapshot_assets.archive.positions import comparator
+from snapshot_assets.archive.positions import comparator, format_lsn
 from snapshot_assets.config import SnapshotterConfig, TableConfig
 from snapshot_assets.services import ingest_table
 
@@ -34,15 +35,48 @@ class TableOutcome:
 
 
 def source_position_now(table: TableConfig) -> str | None:
-    """The position the source is at right now, where the source can tell."""
+    """The position the buffer must reach to hold everything the source has now, where the source can tell.
+
+    PostgreSQL positions are commit LSNs, so the durable position is the commit LSN of the last
+    transaction that touched the table, always below `pg_current_wal_lsn()`: the target is that
+    commit LSN, found by peeking the table's slot (without consuming it) up to the current WAL
+    position — the final LSN of the last transaction there with a change of the table — or ""
+    when nothing is pending after the slot's confirmed position. None when the source cannot tell
+    (another source type; no slot yet, where the initial load covers everything; a peek refused,
+    say by a slot in use): the caller then waits for the stream to go quiet instead.
+    """
     if table.source.type != "postgres":
         return None
     import psycopg2
 
-    with psycopg2.connect(table.source.dsn) as conn, conn.cursor() as cur:
-        cur.execute("SELECT pg_current_wal_lsn()::text")
-        row = cur.fetchone()
-    return str(row[0]) if row else None
+    from resources.subscribers.factory import slot_name
+
+    slot = slot_name(table.source)
+    publication = table.source.publication or slot
+    try:
+        with contextlib.closing(psycopg2.connect(table.source.dsn)) as conn, conn, conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND NOT active", (slot,))
+            if cur.fetchone() is None:
+                return None
+            # pgoutput v1 messages: Begin = 'B' (66) + final (commit) LSN as int64; changes are
+            # Insert 'I' (73), Update 'U' (85), Delete 'D' (68), Truncate 'T' (84).
+            cur.execute(
+                "WITH m AS (SELECT xid, data FROM pg_logical_slot_peek_binary_changes("
+                "  %s, pg_current_wal_lsn(), NULL, 'proto_version', '1', 'publication_names', %s)) "
+                "SELECT max(('x' || encode(substring(b.data FROM 2 FOR 8), 'hex'))::bit(64)::bigint) FROM m b "
+                "WHERE get_byte(b.data, 0) = 66 AND EXISTS (SELECT 1 FROM m c WHERE c.xid = b.xid "
+                "  AND get_byte(c.data, 0) IN (73, 85, 68, 84))",
+                (slot, _quoted(publication)))
+            row = cur.fetchone()
+    except psycopg2.Error as e:
+        log.warning("%s: cannot peek the replication slot %s (%s); waiting for the stream to go quiet instead",
+                    table.name, slot, str(e).strip())
+        return None
+    return format_lsn(int(row[0])) if row and row[0] is not None else ""
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def ingest_until_caught_up(table: TableConfig, *, idle_s: float = 2.0, timeout_s: float = 600.0,
@@ -53,6 +87,8 @@ def ingest_until_caught_up(table: TableConfig, *, idle_s: float = 2.0, timeout_s
     source that cannot say where it is — when nothing new became durable for `idle_s`.
     """
     target = source_position_now(table)
+    log.info("%s: catching up to %s", table.name,
+             target or ("the durable position" if target == "" else "the end of the stream (until it is quiet)"))
     cmp = comparator("lsn")
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -73,9 +109,9 @@ def ingest_until_caught_up(table: TableConfig, *, idle_s: float = 2.0, timeout_s
             durable = _durable(reader)
             if durable != last:
                 last, last_change = durable, time.monotonic()
-            if target is not None and durable is not None and cmp(durable, target) >= 0:
+            if target is not None and durable is not None and (not target or cmp(durable, target) >= 0):
                 break
-            if durable is not None and time.monotonic() - last_change >= idle_s:
+            if target is None and durable is not None and time.monotonic() - last_change >= idle_s:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{table.name}: ingest did not catch up within {timeout_s:.0f} s")

@@ -6,8 +6,10 @@ Accepted shapes (laredo's `destinations = [ ... ]` entries, plus this project's 
     {type = s3, bucket = "b", prefix = "tables/", region = "eu-west-1",
      endpoint_url = "http://minio:9000", path_style = true}
 
-laredo's `credentials` (a profile name) is accepted but not resolved here: credential profiles
-live in their own resource, which builds the boto3 client and passes it as `s3_client`. Keys that
+laredo's `credentials` (a profile name) is resolved through `profiles` (resources/aws_credentials.py):
+the s3 client is signed as that profile and its errors name the destination and the profile; an
+explicit `s3_client` wins. `connect_timeout`, `read_timeout` (seconds), `max_attempts` and
+`multipart_threshold` (bytes) tune the S3 client and uploads. Keys that
 neither laredo nor this project define are rejected so a typo (`endpoint` for `endpoint_url`) fails
 loudly instead of silently writing to AWS. Optional `name` overrides the destination's name.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from resources.aws_credentials import S3_TIMEOUTS, CredentialProfiles, Timeouts
 from resources.destinations.base import Destination
 from resources.destinations.local import LocalDestination
 from resources.destinations.s3 import S3Destination
@@ -26,7 +29,8 @@ if TYPE_CHECKING:
 
 _COMMON_KEYS = frozenset({"type", "name", "credentials"})
 _LOCAL_KEYS = frozenset({"path"})
-_S3_KEYS = frozenset({"bucket", "prefix", "region", "endpoint_url", "path_style"})
+_S3_KEYS = frozenset({"bucket", "prefix", "region", "endpoint_url", "path_style", "connect_timeout", "read_timeout",
+                      "max_attempts", "multipart_threshold"})
 # laredo's config structs carry every field for every type (empty when unused), so a local spec
 # may arrive with `bucket = ""`: tolerate the other type's keys, reject anything else.
 _KNOWN_KEYS = _COMMON_KEYS | _LOCAL_KEYS | _S3_KEYS
@@ -61,7 +65,15 @@ def _build_local(spec: Mapping[str, Any], _s3_client: S3Client | None) -> Destin
     return LocalDestination(_required(spec, "path"), name=_optional(spec, "name") or "local")
 
 
+def _timeouts(spec: Mapping[str, Any]) -> Timeouts:
+    return Timeouts(connect=float(spec.get("connect_timeout") or S3_TIMEOUTS.connect),
+                    read=float(spec.get("read_timeout") or S3_TIMEOUTS.read),
+                    max_attempts=int(spec.get("max_attempts") or S3_TIMEOUTS.max_attempts))
+
+
 def _build_s3(spec: Mapping[str, Any], s3_client: S3Client | None) -> Destination:
+    timeouts = _timeouts(spec)
+    threshold = _optional(spec, "multipart_threshold")
     return S3Destination(
         bucket=_required(spec, "bucket"),
         prefix=_optional(spec, "prefix") or "",
@@ -70,7 +82,23 @@ def _build_s3(spec: Mapping[str, Any], s3_client: S3Client | None) -> Destinatio
         path_style=_flag(spec, "path_style"),
         client=s3_client,
         name=_optional(spec, "name") or "s3",
+        connect_timeout=timeouts.connect,
+        read_timeout=timeouts.read,
+        max_attempts=timeouts.max_attempts,
+        **({"multipart_threshold": int(threshold)} if threshold is not None else {}),
     )
+
+
+def _profiled_s3_client(spec: Mapping[str, Any], profiles: CredentialProfiles | None) -> S3Client | None:
+    """The client of the spec's credentials profile; None (S3Destination builds its own) when none is named."""
+    if profiles is None and not spec.get("credentials"):
+        return None
+    registry = profiles if profiles is not None else CredentialProfiles.shared()
+    component = f"s3 destination s3://{_required(spec, 'bucket')}/{_optional(spec, 'prefix') or ''}"
+    client: S3Client = registry.client(
+        "s3", _optional(spec, "credentials"), component=component, region=_optional(spec, "region"),
+        endpoint_url=_optional(spec, "endpoint_url"), path_style=_flag(spec, "path_style"), timeouts=_timeouts(spec))
+    return client
 
 
 _BUILDERS: dict[str, Callable[[Mapping[str, Any], S3Client | None], Destination]] = {
@@ -79,11 +107,13 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any], S3Client | None], Destination]
 }
 
 
-def build_destination(spec: Mapping[str, Any], *, s3_client: S3Client | None = None) -> Destination:
+def build_destination(spec: Mapping[str, Any], *, s3_client: S3Client | None = None,
+                      profiles: CredentialProfiles | None = None) -> Destination:
     """The destination `spec` describes; ValueError naming what is unknown or missing.
 
-    `s3_client` (optional) is used by an s3 destination instead of a client built from the spec's
-    region/endpoint, e.g. one made from a credential profile.
+    An s3 destination signs as the spec's `credentials` profile, looked up in `profiles` (a spec
+    naming a profile without `profiles` fails: there is nothing to resolve it in). `s3_client`
+    (optional) replaces the client altogether.
     """
     kind = str(spec.get("type") or "")
     builder = _BUILDERS.get(kind)
@@ -93,6 +123,8 @@ def build_destination(spec: Mapping[str, Any], *, s3_client: S3Client | None = N
     unknown = sorted(set(spec) - _KNOWN_KEYS)
     if unknown:
         raise ValueError(f"{kind} destination: unknown keys {unknown} (known: {sorted(_KNOWN_KEYS)})")
+    if kind == "s3" and s3_client is None:
+        s3_client = _profiled_s3_client(spec, profiles)
     return builder(spec, s3_client)
 
 

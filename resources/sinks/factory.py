@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import boto3
-
+from resources.aws_credentials import CredentialProfiles
 from resources.sinks.aws import KinesisSink, SnsSink, SqsSink
 from resources.sinks.base import EventSink
 from resources.sinks.file import FileSink
@@ -15,9 +14,12 @@ ClientFactory = Callable[[str, Mapping[str, Any]], Any]
 
 
 def default_client(service: str, spec: Mapping[str, Any]) -> Any:
-    """A boto3 client from the ambient credential chain (credential profiles plug in here)."""
-    make: Callable[..., Any] = boto3.client  # the service name is data here, not a literal
-    return make(service, region_name=spec.get("region") or None, endpoint_url=spec.get("endpoint_url") or None)
+    """A boto3 client on the ambient credential chain, with sink timeouts.
+
+    Configured profiles plug in as `client=CredentialProfiles(...).sink_client`; without them a spec
+    naming a profile fails (ProfileError) rather than silently acting as the ambient principal.
+    """
+    return CredentialProfiles.shared().sink_client(service, spec)
 
 
 def build_sink(spec: Mapping[str, Any], client: ClientFactory = default_client) -> EventSink:

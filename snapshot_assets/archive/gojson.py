@@ -313,10 +313,7 @@ def _stdlib_agrees(value: Any) -> bool:
                 return False
         return True
     if kind is list:
-        for v in value:
-            if not _stdlib_agrees(v):
-                return False
-        return True
+        return all(_stdlib_agrees(v) for v in value)
     return False
 
 

@@ -6,7 +6,12 @@ objects, and the manifest commit recognises an artifact it already holds.
 
 Local working state lives beside the buffer (`buffer.path`): `_state/<table>/epoch=N` (the STATE
 dataset of each snapshot, the fastest base for the next one), `_staging/<table>` (parts of the
-artifact being built), `_outbox/` (undelivered events).
+artifact being built), `_outbox/` (undelivered events), `_metrics/` (counters that outlive the run's
+process), `_base/<table>` (a previous snapshot downloaded from object storage, when no local STATE
+dataset or local destination can serve as the next snapshot's base).
+
+S3 destinations and AWS sinks are signed as the credentials profile their spec names
+(resources/aws_credentials.py); every destination and sink is wrapped so its failures are counted.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resources.aws_credentials import CredentialProfiles
 from resources.buffer import BufferReader
 from resources.destinations.base import Destination
 from resources.destinations.factory import build_destination
@@ -30,6 +36,14 @@ from snapshot_assets.archive.manifest import Artifact, Manifest, utc_now
 from snapshot_assets.archive.positions import comparator
 from snapshot_assets.archive.reader import artifact_key
 from snapshot_assets.config import TableConfig
+from snapshot_assets.counters import (
+    ARTIFACTS_WRITTEN,
+    CAS_RETRIES,
+    CounterStore,
+    CountingDestination,
+    CountingSink,
+    unwrap,
+)
 from snapshot_assets.pipeline.commit import (
     CommitResult,
     collect_orphans,
@@ -62,18 +76,24 @@ class TablePipeline:
     """Everything about one configured table's archive, from its config."""
 
     def __init__(self, table: TableConfig, *, destinations: Sequence[Destination] | None = None,
-                 sinks: Sequence[EventSink] | None = None) -> None:
+                 sinks: Sequence[EventSink] | None = None, profiles: CredentialProfiles | None = None) -> None:
         self.cfg = table
         self.name = table.name
         self.cmp = comparator("lsn")
-        self.destinations = list(destinations) if destinations is not None else [
-            build_destination(d) for d in table.destinations]
-        self.sinks = list(sinks) if sinks is not None else [build_sink(e) for e in table.events]
         root = Path(table.buffer.path)
+        self.counters = CounterStore(root, self.name)
+        self.profiles = profiles if profiles is not None else CredentialProfiles.shared(table.credentials)
+        built = list(destinations) if destinations is not None else [
+            build_destination(d, profiles=self.profiles) for d in table.destinations]
+        self.destinations: list[Destination] = [CountingDestination(d, self.counters) for d in built]
+        made = list(sinks) if sinks is not None else [
+            build_sink(e, client=self.profiles.sink_client) for e in table.events]
+        self.sinks: list[EventSink] = [CountingSink(s, self.counters) for s in made]
         self.buffer_root = root
         self.state_root = root / "_state" / self.name
         self.staging = root / "_staging" / self.name
         self.outbox = Outbox(root / "_outbox")
+        self.base_cache = root / "_base" / self.name
 
     # ---- cheap reads (sensors) -----------------------------------------------------------------
 
@@ -113,10 +133,14 @@ class TablePipeline:
             epoch = m.epoch + 1
             previous = m.latest_snapshot()
             state = StateBase.load(self.state_root / f"epoch={previous.epoch}") if previous else None
+            if state is not None and previous is not None and state.position != previous.to_position:
+                state = None  # left by a snapshot attempt that was never committed: not the base
             base, segments = choose_base(reader, nxt.to_position, state=state,
-                                         artifact=self._artifact_base(previous), cmp=self.cmp)
+                                         artifact=self._artifact_base(previous, download=state is None),
+                                         cmp=self.cmp)
             built = build_snapshot(spark, base, segments, nxt.to_position, self.cfg.key_fields,
                                    self.cfg.snapshot_formats, self.staging, self.state_root / f"epoch={epoch}")
+            shutil.rmtree(self.base_cache, ignore_errors=True)
         refs = assemble(built, self.destinations, self.cfg.key_prefix, epoch)
         shutil.rmtree(self.staging, ignore_errors=True)
         snap = nxt.kind == "snapshot"
@@ -125,21 +149,36 @@ class TablePipeline:
                        change_count=0 if snap else built.count)
         return BuildResult(art, built.seconds, dict(built.details))
 
-    def _artifact_base(self, previous: Artifact | None) -> Any:
-        """The previous snapshot's objects as a Spark base, from a local destination (if any)."""
+    def _artifact_base(self, previous: Artifact | None, *, download: bool = False) -> Any:
+        """The previous snapshot's objects as a Spark base: from a local destination, else (with
+        `download`) copied from the first destination into `base_cache` — Spark reads local files only
+        (no hadoop-aws), and an S3-only archive whose local STATE dataset is gone must still re-base."""
         from snapshot_assets.spark.bases import ArtifactBase
 
-        if previous is None:
+        fid = next((f for f in ("parquet", "jsonl", "protobuf") if previous and f in previous.formats), None)
+        if previous is None or fid is None:
             return None
-        for dest in self.destinations:
-            if not isinstance(dest, LocalDestination):
-                continue
-            for fid in ("parquet", "jsonl", "protobuf"):
-                if fid in previous.formats:
-                    key = artifact_key(self.cfg.key_prefix, previous, FORMATS[fid])
-                    paths = [dest.uri(o.key) for o in dest.list(key + "/")] or [dest.uri(key)]
-                    return ArtifactBase(tuple(paths), fid, previous.to_position)
-        return None
+        key = artifact_key(self.cfg.key_prefix, previous, FORMATS[fid])
+        for dest in map(unwrap, self.destinations):
+            if isinstance(dest, LocalDestination):
+                paths = [dest.uri(o.key) for o in dest.list(key + "/")] or [dest.uri(key)]
+                return ArtifactBase(tuple(paths), fid, previous.to_position)
+        if not download:
+            return None
+        return ArtifactBase(self._download(self.destinations[0], key), fid, previous.to_position)
+
+    def _download(self, dest: Destination, key: str) -> tuple[str, ...]:
+        """Stream `key` (an object, or the parts of a parquet folder) into `base_cache`; the local paths."""
+        shutil.rmtree(self.base_cache, ignore_errors=True)
+        self.base_cache.mkdir(parents=True)
+        keys_ = [o.key for o in dest.list(key + "/")] or [key]
+        paths = []
+        for i, k in enumerate(keys_):
+            path = self.base_cache / f"{i:05d}-{k.rsplit('/', 1)[-1]}"
+            with dest.open_read(k) as src, open(path, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            paths.append(str(path))
+        return tuple(paths)
 
     # ---- committing ----------------------------------------------------------------------------
 
@@ -147,6 +186,9 @@ class TablePipeline:
         """Commit, then clean up and notify; failures after the commit never undo it."""
         result = commit_artifact(self.destinations, self.cfg.key_prefix, self.name, art, cmp=self.cmp,
                                  keep_epochs=self.cfg.keep_epochs)
+        self.counters.add(CAS_RETRIES, amount=result.cas_retries)
+        if not result.already_committed:
+            self.counters.add(ARTIFACTS_WRITTEN, art.kind)
         deleted = delete_artifacts(self.destinations, self.cfg.key_prefix, result.pruned)
         orphans = sum(len(collect_orphans(d, self.cfg.key_prefix, result.manifest)) for d in self.destinations)
         self._prune_state(result.manifest)
@@ -155,6 +197,21 @@ class TablePipeline:
         delivery = self.outbox.deliver(self.sinks)
         released = self._release_buffer(result.manifest)
         return CommitReport(result, deleted, orphans, delivery, released)
+
+    def settle(self, art: Artifact) -> bool:
+        """Finish the post-commit work of `art` if the manifest holds it although its run failed.
+
+        An ambiguous manifest write (the connection died, the write landed later) fails the run that
+        made it, yet commits the artifact; its event would never be sent. The next artifact step
+        calls this with the run's leftover record: True when `art` is committed (events and cleanup
+        are done now), False when it is not (the record is stale and may be dropped).
+        """
+        if not any((a.kind, a.epoch, a.to_position) == (art.kind, art.epoch, art.to_position)
+                   for a in self.manifest().artifacts):
+            return False
+        self.commit(art)
+        self.counters.add(ARTIFACTS_WRITTEN, art.kind)
+        return True
 
     def _prune_state(self, m: Manifest) -> None:
         """Keep only the STATE dataset of the newest snapshot (the next snapshot's base)."""
