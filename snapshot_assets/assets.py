@@ -16,8 +16,10 @@ from resources.spark import SparkResource
 from snapshot_assets.archive.positions import comparator
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.verify import verify_archive
+from snapshot_assets.metrics import asset_metadata
 from snapshot_assets.pipeline.decide import NextArtifact
 from snapshot_assets.pipeline.pending import clear_pending, load_pending, save_pending
+from snapshot_assets.status import table_status
 from snapshot_assets.tables import FROM_TAG, TO_TAG, TRIGGER_TAG, partitions, pipeline
 
 PARTITIONS = partitions()
@@ -50,6 +52,10 @@ def _requested(context: dg.AssetExecutionContext, kind: str) -> NextArtifact:
 
 def _build(context: dg.AssetExecutionContext, spark: SparkResource, kind: str) -> dg.MaterializeResult:  # type: ignore[type-arg]
     pipe = pipeline(context.partition_key)
+    leftover = load_pending(pipe.buffer_root, pipe.name)
+    if leftover is not None and pipe.settle(leftover[0]):  # a run that failed after its manifest write landed
+        context.log.warning(f"{pipe.name}: {leftover[0].describe()} was committed by a failed run; events sent now")
+        clear_pending(pipe.buffer_root, pipe.name)
     nxt = _requested(context, kind)
     if nxt.to_position is None:
         raise dg.Failure(f"{pipe.name}: nothing has been ingested yet")
@@ -113,6 +119,7 @@ def manifest(context: dg.AssetExecutionContext) -> dg.MaterializeResult:  # type
         "events_delivered": report.delivery.delivered,
         "outbox_depth": report.delivery.pending,
         "buffer_segments_released": report.released_segments,
+        **asset_metadata(table_status(pipe, instance=context.instance)),
     })
 
 

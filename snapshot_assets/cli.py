@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import dagster as dg
 
@@ -26,6 +26,9 @@ from snapshot_assets.archive.positions import COMPARATORS, comparator
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.verify import verify_archive
 from snapshot_assets.config import load_config
+
+if TYPE_CHECKING:
+    from snapshot_assets.pipeline.table import TablePipeline
 
 
 class CliError(Exception):
@@ -81,6 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", default=".snapshotter", help="the demo's working directory (recreated)")
     demo.add_argument("--cycles", type=int, default=5)
     demo.add_argument("--changes-per-cycle", type=int, default=3000)
+
+    st = sub.add_parser("status", help="per table: epoch, head, source lag, buffer, trigger, outbox, health")
+    st.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+    st.add_argument("--output", choices=("table", "json"), default="table")
+    st.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
+
+    met = sub.add_parser("serve-metrics", help="serve Prometheus metrics of every configured table")
+    met.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+    met.add_argument("--host", default="0.0.0.0")
+    met.add_argument("--port", type=int, default=9464)
+    met.add_argument("--interval", type=float, default=15.0, help="seconds between status collections")
 
     fan = sub.add_parser("fanout-serve", help="serve a configured table over the laredo fan-out protocol")
     fan.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -208,8 +222,40 @@ def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _pipelines(args: argparse.Namespace) -> list[TablePipeline]:
+    from snapshot_assets.pipeline.table import TablePipeline
+
+    config = load_config(args.config)
+    return [TablePipeline(t) for t in ([config.table(n) for n in args.table] if args.table else config.tables)]
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.status import dagster_home_instance, render, render_json, statuses
+
+    items = statuses(_pipelines(args), instance=dagster_home_instance())
+    out.write(render_json(items) if args.output == "json" else render(items))
+    return 0
+
+
+def cmd_serve_metrics(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.metrics import serve
+    from snapshot_assets.services import install_stop_signals
+    from snapshot_assets.status import dagster_home_instance, statuses
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    args.table = []
+    pipes = _pipelines(args)
+    instance = dagster_home_instance()
+    stop = threading.Event()
+    install_stop_signals(stop)
+    serve(lambda: statuses(pipes, instance=instance), port=args.port, addr=args.host, interval=args.interval,
+          stop=stop)
+    return 0
+
+
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
-            "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo}
+            "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
+            "serve-metrics": cmd_serve_metrics}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

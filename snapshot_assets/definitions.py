@@ -10,6 +10,7 @@ from resources.spark import SparkResource
 from sensors.ingest_supervisor import ingest_supervisor
 from sensors.outbox_retry import outbox_retry
 from sensors.rebase_trigger import rebase_trigger
+from sensors.run_failure import run_failure_alert
 from snapshot_assets.archive_jobs import verify_archive_job
 from snapshot_assets.assets import archive_is_sound, change_buffer, diff, manifest, snapshot
 from snapshot_assets.jobs import diff_job, force_snapshot, ingest_job, reconstruct_job, snapshot_job
@@ -21,6 +22,6 @@ defs = dg.Definitions(
     assets=[change_buffer, snapshot, diff, manifest],
     asset_checks=[archive_is_sound],
     jobs=[diff_job, snapshot_job, force_snapshot, ingest_job, reconstruct_job, verify_archive_job],
-    sensors=[rebase_trigger, ingest_supervisor, outbox_retry],
+    sensors=[rebase_trigger, ingest_supervisor, outbox_retry, run_failure_alert],
     resources={"spark": SparkResource(remote=_spark.remote, master=_spark.master, conf=dict(_spark.conf))},
 )

@@ -288,7 +288,6 @@ def encode_value(value: Any) -> str:
 
 
 _FAST_FLOAT_LOW, _FAST_FLOAT_HIGH = 1e-4, 1e16
-_HTML = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 _stdlib_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")).encode
 
 
@@ -297,30 +296,51 @@ def _stdlib_agrees(value: Any) -> bool:
 
     That holds for strings without lone surrogates, ints, bools, None, lists and str-keyed dicts of
     those, and floats that are not integral and lie in [1e-4, 1e16): there both print the shortest
-    round-trip digits in fixed notation. Anything else takes the exact (slower) path.
+    round-trip digits in fixed notation. Anything else takes the exact (slower) path. Written as one
+    loop over a work list with the common scalar types inlined: it runs for every buffered row.
     """
-    kind = type(value)
-    if kind is str:
-        return value.isascii() or not _SURROGATE.search(value)
-    if kind is int or kind is bool or value is None:
-        return True
-    if kind is float:
-        magnitude = abs(value)
-        return _FAST_FLOAT_LOW <= magnitude < _FAST_FLOAT_HIGH and not value.is_integer()
-    if kind is dict:
-        for k, v in value.items():
-            if type(k) is not str or not (k.isascii() or not _SURROGATE.search(k)) or not _stdlib_agrees(v):
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is dict:
+            for k, v in item.items():
+                if type(k) is not str or (not k.isascii() and _SURROGATE.search(k)):
+                    return False
+                vkind = type(v)
+                if vkind is str:
+                    if not v.isascii() and _SURROGATE.search(v):
+                        return False
+                elif vkind is int or vkind is bool or v is None:
+                    continue
+                elif vkind is float:
+                    if not _FAST_FLOAT_LOW <= abs(v) < _FAST_FLOAT_HIGH or v.is_integer():
+                        return False
+                else:
+                    pending.append(v)
+        elif kind is list:
+            pending.extend(item)
+        elif kind is str:
+            if not item.isascii() and _SURROGATE.search(item):
                 return False
-        return True
-    if kind is list:
-        return all(_stdlib_agrees(v) for v in value)
-    return False
+        elif kind is float:
+            if not _FAST_FLOAT_LOW <= abs(item) < _FAST_FLOAT_HIGH or item.is_integer():
+                return False
+        elif not (kind is int or kind is bool or item is None):
+            return False
+    return True
 
 
 def _html_escaped(text: str) -> str:
-    """Go's HTML-safe escapes, applied only when needed (`translate` is slow on non-ASCII text)."""
-    if "<" in text or ">" in text or "&" in text or "\u2028" in text or "\u2029" in text:
-        return text.translate(_HTML)
+    """Go's HTML-safe escapes, applied only where needed (`str.translate` is slow on non-ASCII text)."""
+    if "<" in text:
+        text = text.replace("<", "\\u003c")
+    if ">" in text:
+        text = text.replace(">", "\\u003e")
+    if "&" in text:
+        text = text.replace("&", "\\u0026")
+    if "\u2028" in text or "\u2029" in text:
+        text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     return text
 
 

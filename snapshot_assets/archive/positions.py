@@ -7,6 +7,7 @@ depends on the source, so the reader takes a comparator chosen by the source typ
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 Comparator = Callable[[str, str], int]
@@ -14,22 +15,19 @@ Comparator = Callable[[str, str], int]
 _MAX_HALF = 0xFFFFFFFF
 
 
+_LSN = re.compile(r"([0-9A-Fa-f]+)/([0-9A-Fa-f]+)")
+
+
 def parse_lsn(text: str) -> int | None:
     """Parse `HI/LO` (hex halves, case-insensitive, each at most 32 bits) to a 64-bit int.
 
     Returns None for anything unparseable (including ""): such positions sort lowest, as laredo's do.
+    Bare hex digits only (`int(x, 16)` alone would also take `0x`, `_` and signs).
     """
-    hi_text, sep, lo_text = text.partition("/")
-    if not sep or not hi_text or not lo_text:
+    m = _LSN.fullmatch(text)
+    if m is None:
         return None
-    try:
-        hi = int(hi_text, 16)
-        lo = int(lo_text, 16)
-    except ValueError:
-        return None
-    # int(x, 16) accepts "0x", "_" and signs; an LSN is bare hex digits only.
-    if not all(c in "0123456789abcdefABCDEF" for c in hi_text + lo_text):
-        return None
+    hi, lo = int(m.group(1), 16), int(m.group(2), 16)
     if hi > _MAX_HALF or lo > _MAX_HALF:
         return None
     return (hi << 32) | lo
