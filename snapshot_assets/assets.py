@@ -16,10 +16,9 @@ from resources.spark import SparkResource
 from snapshot_assets.archive.positions import comparator
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.verify import verify_archive
-from snapshot_assets.metrics import asset_metadata
+from snapshot_assets.metrics import table_metadata
 from snapshot_assets.pipeline.decide import NextArtifact
 from snapshot_assets.pipeline.pending import clear_pending, load_pending, save_pending
-from snapshot_assets.status import table_status
 from snapshot_assets.tables import FROM_TAG, TO_TAG, TRIGGER_TAG, partitions, pipeline
 
 PARTITIONS = partitions()
@@ -119,7 +118,7 @@ def manifest(context: dg.AssetExecutionContext) -> dg.MaterializeResult:  # type
         "events_delivered": report.delivery.delivered,
         "outbox_depth": report.delivery.pending,
         "buffer_segments_released": report.released_segments,
-        **asset_metadata(table_status(pipe, instance=context.instance)),
+        **table_metadata(pipe, context.instance),
     })
 
 
