@@ -77,7 +77,8 @@ def run_demo(out: TextIO, *, workdir: Path, cycles: int = 5, per_cycle: int = 30
     expected = model.table_at(manifest.head_position)
     ok = not problems and sum(a.is_snapshot for a in manifest.artifacts) >= 2
     for fid in table.snapshot_formats:
-        rec = ArchiveReader(reader.dest, table.key_prefix, formats=[fid], key_fields=table.key_fields).reconstruct_as_of()
+        one_format = ArchiveReader(reader.dest, table.key_prefix, formats=[fid], key_fields=table.key_fields)
+        rec = one_format.reconstruct_as_of()
         assert rec is not None
         got = {typed_key(r, table.key_fields): r for r in rec.rows}
         match = same_rows(got, expected)  # type: ignore[arg-type]
