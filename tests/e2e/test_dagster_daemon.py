@@ -1,0 +1,398 @@
+"""Acceptance, end to end: the code location under a real `dagster-webserver` + `dagster-daemon` pair.
+
+A test DAGSTER_HOME holds the repository's dagster.yaml (SQLite storage, the run queue with one
+run per partition) plus a threaded sensor daemon and a short dequeue interval; a workspace file
+loads `snapshot_assets.definitions` with the repository as working directory; SNAPSHOTTER_CONFIG
+names a generator source that never ends (seeded, paced), a 2 s diff interval and a churn
+threshold that re-bases within a few diffs, with the archive, buffer and Spark state under the
+test's directory (the processes run there).
+
+Nothing is launched by hand until the sensors have done their part, within a bounded time:
+- `ingest_supervisor` launched the ingest run, which stays STARTED (launched once, never relaunched);
+- `rebase_trigger` drove the initial snapshot, at least one diff run and a re-base (a snapshot run
+  with trigger max_churn_records), every artifact run launched by that sensor;
+- the manifest on the destination says the same: valid chain, a diff, an epoch >= 2.
+Then a forced snapshot is launched over GraphQL (`DagsterGraphQLClient.submit_job_execution` with
+the table's partition tag), succeeds, and lands in the manifest as a new epoch at the position its
+materialization reports. Finally the supervisor is stopped and the ingest run terminated over
+GraphQL (it ends CANCELED, its buffer sealed), and both processes are stopped with SIGTERM (SIGKILL
+after a grace period); their process groups (run workers included) are gone whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import dagster as dg
+import pytest
+from dagster_graphql import DagsterGraphQLClient
+
+from resources.buffer import BufferReader
+from resources.destinations.factory import build_destination
+from snapshot_assets.archive.errors import ManifestNotFound
+from snapshot_assets.archive.manifest import Manifest
+from snapshot_assets.archive.positions import compare_lsn
+from snapshot_assets.archive.reader import ArchiveReader
+from snapshot_assets.config import TableConfig, load_config
+from snapshot_assets.tables import TRIGGER_TAG
+from tests.e2e.conftest import REPO, e2e_env
+
+pytestmark = pytest.mark.slow
+
+TABLE: Final = "public.users"
+LOCATION: Final = "snapshotter"
+SENSORS_DEADLINE_S: Final = 240.0
+FORCED_DEADLINE_S: Final = 150.0
+STOP_GRACE_S: Final = 30.0
+SENSOR_TAG: Final = "dagster/sensor_name"
+PARTITION_TAG: Final = "dagster/partition"
+TERMINAL: Final = frozenset({dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE,
+                             dg.DagsterRunStatus.CANCELED})
+T = TypeVar("T")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_setup(work: Path) -> tuple[Path, Path, Path]:
+    """DAGSTER_HOME (repo dagster.yaml + daemon settings), workspace file, snapshotter config."""
+    home = work / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    text = (home / "dagster.yaml").read_text()
+    assert "run_queue:" in text and "tag_concurrency_limits" in text, "the repo's dagster.yaml lost its run queue"
+    # Dequeue promptly; evaluate sensors on threads (each sensor still ticks per its minimum interval).
+    text = text.replace("run_queue:\n", "run_queue:\n  dequeue_interval_seconds: 1\n", 1)
+    text += "\nsensors:\n  use_threads: true\n  num_workers: 4\n"
+    (home / "dagster.yaml").write_text(text)
+    workspace = work / "workspace.yaml"
+    workspace.write_text(f"""load_from:
+  - python_module:
+      module_name: snapshot_assets.definitions
+      location_name: {LOCATION}
+      working_directory: {REPO}
+""")
+    config = work / "snapshotter.conf"
+    config.write_text(f"""
+snapshotter {{
+  source {{
+    type = generator
+    schema = public
+    table = users
+    generator {{ seed = 99, rows = 500, rate = 25 }}
+  }}
+  key_fields = [id]
+  diff.interval = 2s
+  snapshot {{ min_interval = 0s, max_churn_records = 1500 }}
+  retention.keep_epochs = 0
+  destinations = [ {{ type = local, path = "{work / 'archive'}" }} ]
+  formats {{
+    snapshot = [jsonl, protobuf, parquet]
+    diff = [jsonl, protobuf, parquet]
+  }}
+  buffer {{ path = "{work / 'buffer'}", seal_interval = 500ms }}
+}}
+""")
+    return home, workspace, config
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log.read_text(errors="replace").splitlines()
+        return f"--- {self.name} ({self.log}) ---\n" + "\n".join(text[-lines:])
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_service(service: Service, grace_s: float = STOP_GRACE_S) -> int | None:
+    """SIGTERM the service's process group, SIGKILL whatever is left after `grace_s`; the leader's exit code."""
+    pgid = service.process.pid  # started with start_new_session: its own group, run workers included
+    code: int | None = None
+    if service.process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        try:
+            code = service.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            service.process.wait(timeout=30)
+    else:
+        code = service.process.returncode
+    deadline = time.monotonic() + 10
+    while _group_alive(pgid) and time.monotonic() < deadline:  # children outliving the leader
+        time.sleep(0.2)
+    if _group_alive(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    return code
+
+
+@contextlib.contextmanager
+def services(work: Path, home: Path, workspace: Path, config: Path, port: int) -> Iterator[list[Service]]:
+    """The webserver (first: it initialises the SQLite storage), then the daemon; both stopped on exit."""
+    env = e2e_env(DAGSTER_HOME=str(home), SNAPSHOTTER_CONFIG=str(config), PYTHONUNBUFFERED="1")
+    bindir = Path(sys.executable).parent
+    started: list[Service] = []
+
+    def start(name: str, *args: str) -> Service:
+        log = work / f"{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen([str(bindir / name), *args], cwd=work, env=env, stdin=subprocess.DEVNULL,
+                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        service = Service(name, process, log)
+        started.append(service)
+        return service
+
+    try:
+        web = start("dagster-webserver", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port))
+        wait_for(lambda: server_info(port), 120, "the webserver's /server_info", [web])
+        start("dagster-daemon", "run", "-w", str(workspace))
+        yield started
+    finally:
+        for service in reversed(started):
+            stop_service(service)
+
+
+def server_info(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2) as response:
+            info: dict[str, Any] = json.loads(response.read())
+            return info
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def graphql(port: int, query: str, variables: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql",
+                                     data=json.dumps({"query": query, "variables": variables}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body: dict[str, Any] = json.loads(response.read())
+    assert not body.get("errors"), body
+    data: dict[str, Any] = body["data"]
+    return data
+
+
+def wait_for(probe: Callable[[], T | None], timeout_s: float, what: str, watched: list[Service],
+             interval_s: float = 1.0) -> T:
+    """Poll `probe` until it returns a value; fail naming `what` (with the services' logs) on timeout.
+
+    A probe that raises (SQLite busy while a run writes, say) is retried; its last error is reported.
+    """
+    deadline = time.monotonic() + timeout_s
+    error = ""
+    while True:
+        for service in watched:
+            if service.process.poll() is not None:
+                pytest.fail(f"{service.name} exited with {service.process.returncode} while waiting for "
+                            f"{what}\n{service.tail()}")
+        try:
+            value = probe()
+        except Exception as e:
+            value, error = None, f"{type(e).__name__}: {e}"
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout_s:.0f}s (last probe error: {error or 'none'})\n"
+                        + "\n".join(s.tail() for s in watched))
+        time.sleep(interval_s)
+
+
+# --- reading runs and the archive -------------------------------------------------------------
+
+
+def runs(instance: dg.DagsterInstance, job: str | None = None) -> list[dg.DagsterRun]:
+    return [r.dagster_run for r in instance.get_run_records(dg.RunsFilter(job_name=job) if job else None)]
+
+
+def materializations(instance: dg.DagsterInstance, run_id: str, asset: str) -> list[dict[str, Any]]:
+    out = []
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+        mat = entry.asset_materialization
+        if mat is not None and mat.asset_key == dg.AssetKey(asset):
+            out.append({k: v.value for k, v in mat.metadata.items()})
+    return out
+
+
+def load_manifest(table: TableConfig) -> Manifest | None:
+    reader = ArchiveReader(build_destination(table.destinations[0]), table.key_prefix, key_fields=table.key_fields,
+                           cmp=compare_lsn)
+    try:
+        return reader.load_manifest()
+    except ManifestNotFound:
+        return None
+
+
+def run_status(instance: dg.DagsterInstance, run_id: str) -> dg.DagsterRunStatus | None:
+    run = instance.get_run_by_id(run_id)
+    return run.status if run else None
+
+
+def ended_status(status: dg.DagsterRunStatus | None) -> dg.DagsterRunStatus | None:
+    return status if status in TERMINAL else None
+
+
+def stop_sensor(port: int, name: str) -> str:
+    """Stop a sensor over GraphQL (as the UI's toggle does); returns its new status."""
+    sensor = graphql(port, """
+        query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) {
+          __typename ... on Sensor { sensorState { id status } } } }""",
+        {"s": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__", "sensorName": name}})
+    found = sensor["sensorOrError"]
+    assert found["__typename"] == "Sensor", found
+    stopped = graphql(port, """
+        mutation($id: String!) { stopSensor(id: $id) { __typename
+          ... on StopSensorMutationResult { instigationState { status } } } }""",
+        {"id": found["sensorState"]["id"]})["stopSensor"]
+    assert stopped["__typename"] == "StopSensorMutationResult", stopped
+    status: str = stopped["instigationState"]["status"]
+    return status
+
+
+def no_artifact_run_in_progress(instance: dg.DagsterInstance) -> bool | None:
+    busy = [r for r in runs(instance) if r.job_name != "ingest_job" and r.status not in TERMINAL]
+    return True if not busy else None
+
+
+@dataclass
+class SensorProgress:
+    ingest: dg.DagsterRun
+    diffs: list[dg.DagsterRun]
+    rebases: list[dg.DagsterRun]
+    manifest: Manifest
+
+
+def sensor_progress(instance: dg.DagsterInstance, table: TableConfig) -> SensorProgress | None:
+    """The sensors' work so far, once it includes an ingest run, a diff and a policy re-base."""
+    ingest = runs(instance, "ingest_job")
+    ok = [r for r in runs(instance) if r.status == dg.DagsterRunStatus.SUCCESS]
+    diffs = [r for r in ok if r.job_name == "diff_job"]
+    rebases = [r for r in ok if r.job_name == "snapshot_job" and r.tags.get(TRIGGER_TAG) == "max_churn_records"]
+    manifest = load_manifest(table)
+    if not ingest or not diffs or not rebases or manifest is None:
+        return None
+    return SensorProgress(ingest[-1], diffs, rebases, manifest)
+
+
+def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started = time.monotonic()
+    home, workspace, config = write_setup(workdir)
+    table = load_config(config, env={}).tables[0]
+    monkeypatch.setenv("DAGSTER_HOME", str(home))  # this process reads the same instance
+    port = _free_port()
+
+    with services(workdir, home, workspace, config, port) as procs, \
+            dg.DagsterInstance.from_config(str(home)) as instance:
+        info = server_info(port)
+        assert info is not None and "dagster_webserver_version" in info, info
+
+        # 1. The sensors, unaided: ingest, then diffs and a policy re-base.
+        progress = wait_for(lambda: sensor_progress(instance, table), SENSORS_DEADLINE_S,
+                            "ingest run + sensor-driven diff + max_churn_records re-base", procs, interval_s=3.0)
+        sensors_s = time.monotonic() - started
+        all_runs = runs(instance)
+        assert all(r.tags.get(SENSOR_TAG) for r in all_runs), \
+            [(r.job_name, r.tags) for r in all_runs if not r.tags.get(SENSOR_TAG)]
+        ingest_runs = runs(instance, "ingest_job")
+        assert len(ingest_runs) == 1, [r.status for r in ingest_runs]
+        ingest = ingest_runs[0]
+        assert ingest.tags[SENSOR_TAG] == "ingest_supervisor"
+        assert ingest.status == dg.DagsterRunStatus.STARTED
+        artifact_runs = [r for r in all_runs if r.job_name in ("diff_job", "snapshot_job")]
+        assert all(r.tags[SENSOR_TAG] == "rebase_trigger" and r.tags.get(PARTITION_TAG) == TABLE
+                   for r in artifact_runs)
+        assert not [r for r in artifact_runs if r.status == dg.DagsterRunStatus.FAILURE], "an artifact run failed"
+        for run in progress.diffs:
+            assert materializations(instance, run.run_id, "diff"), f"diff run {run.run_id} materialized no diff"
+        rebase = materializations(instance, progress.rebases[0].run_id, "snapshot")
+        assert rebase and rebase[0]["trigger"] == "max_churn_records" and rebase[0]["epoch"] >= 2, rebase
+
+        manifest = load_manifest(table)
+        assert manifest is not None
+        manifest.validate(compare_lsn)
+        assert manifest.epoch >= 2 and any(not a.is_snapshot for a in manifest.artifacts)
+        assert any(a.is_snapshot and a.epoch == rebase[0]["epoch"] and a.to_position == rebase[0]["to_position"]
+                   for a in manifest.artifacts)
+
+        # 2. A forced snapshot over GraphQL lands as a new epoch.
+        epoch_before = manifest.epoch
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+        run_id = client.submit_job_execution("force_snapshot", tags={PARTITION_TAG: TABLE})
+        status = wait_for(lambda: ended_status(client.get_run_status(run_id)), FORCED_DEADLINE_S,
+                          f"end of the forced snapshot run {run_id}", procs)
+        assert status == dg.DagsterRunStatus.SUCCESS, "\n".join(p.tail() for p in procs)
+        forced_run = instance.get_run_by_id(run_id)
+        assert forced_run is not None and forced_run.tags.get(PARTITION_TAG) == TABLE
+        forced = materializations(instance, run_id, "snapshot")
+        assert len(forced) == 1 and forced[0]["trigger"] == "forced", forced
+        assert forced[0]["epoch"] > epoch_before
+        committed = materializations(instance, run_id, "manifest")
+        assert committed and committed[0]["epoch"] == forced[0]["epoch"], committed
+        after = load_manifest(table)
+        assert after is not None
+        after.validate(compare_lsn)
+        assert any(a.is_snapshot and a.epoch == forced[0]["epoch"] and a.to_position == forced[0]["to_position"]
+                   for a in after.artifacts), "the forced snapshot is not in the manifest"
+        assert after.epoch >= forced[0]["epoch"] > epoch_before
+        assert compare_lsn(after.head_position, manifest.head_position) >= 0
+
+        current = instance.get_run_by_id(ingest.run_id)
+        assert current is not None and current.status == dg.DagsterRunStatus.STARTED, "the ingest run did not stay up"
+        assert len(runs(instance, "ingest_job")) == 1, "the ingest run was relaunched"
+
+        # 3. Stop the sensors (no relaunch, no new artifact run), let artifact runs finish, then terminate
+        #    the ingest run over GraphQL.
+        for name in ("ingest_supervisor", "rebase_trigger"):
+            assert stop_sensor(port, name) == "STOPPED"
+        for _ in range(2):  # twice: a tick that was already evaluating may still have submitted a run
+            wait_for(lambda: no_artifact_run_in_progress(instance), FORCED_DEADLINE_S, "artifact runs to end", procs)
+            time.sleep(6)
+        failed = [r.run_id for r in runs(instance) if r.job_name != "ingest_job"
+                  and r.status != dg.DagsterRunStatus.SUCCESS]
+        assert not failed, f"artifact runs did not succeed: {failed}"
+        client.terminate_run(ingest.run_id)
+        ended = wait_for(lambda: ended_status(run_status(instance, ingest.run_id)), 90,
+                         "the end of the terminated ingest run", procs)
+        assert ended == dg.DagsterRunStatus.CANCELED, ended
+        durable = BufferReader(table.buffer.path, table.name).durable_position()
+        assert durable is not None and compare_lsn(durable, after.head_position) >= 0
+
+        codes = {p.name: stop_service(p) for p in reversed(procs)}
+    for name, code in codes.items():
+        assert code is not None, f"{name} did not stop on SIGTERM"
+    print(f"sensors did their part in {sensors_s:.0f}s; epochs {epoch_before} -> {after.epoch}; "
+          f"{len(progress.diffs)} diff run(s); total {time.monotonic() - started:.0f}s")

@@ -1,0 +1,473 @@
+"""Acceptance, end to end: a live PostgreSQL table archived by `snapshotter run --once` in rounds.
+
+A first run archives the freshly created table (the initial load); then each round runs a random
+workload of transactions on a private PostgreSQL cluster (tests/pg), then the real command
+(`snapshotter run --once --config FILE`, the console script next to this Python, in a subprocess:
+logical replication into the change buffer, the re-base policy, Spark, the manifest commit); a
+last run with nothing new at the source writes nothing. The table has REPLICA IDENTITY FULL (its
+large text column is TOASTable, which the pipeline's source policy requires), a bigint key with
+values beyond 2^53, and bigint, numeric, jsonb, timestamptz, bytea and text columns with NULLs;
+the workload inserts, updates (some leaving the TOASTed column alone), changes primary keys,
+deletes, and TRUNCATEs once mid-round (inside a diff's window).
+
+The oracle. Inside every workload transaction the LAST statement before COMMIT reads
+`pg_current_wal_insert_lsn()` (B_i), and a Python model keeps the table state S_i after it. With a
+single writer B_i <= commit_lsn_i < B_{i+1}, so the source table at any committed position P is
+S_k with k = max{i : B_i <= P}. The model is checked against `SELECT *` after every round, so the
+test cannot agree with itself about a wrong table.
+
+After every round: the manifest validates (chain contiguous); its head covers every transaction of
+the round; epochs and the head only grow across rounds; for EVERY artifact boundary (each snapshot
+and diff `to_position`) the archive rebuilt at that position equals the source table at that
+position, in jsonl, protobuf and parquet each (protobuf carries integers beyond ±2^53 as decimal
+strings, its documented mapping); and every diff, applied on its own epoch's snapshot, gives the
+source table at its end (a diff that a later snapshot supersedes is checked too). By the end the
+policy (max_churn_records) has re-based at least once.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import psycopg2.extensions
+import pytest
+from psycopg2 import sql
+
+from resources.destinations.base import Destination
+from resources.destinations.factory import build_destination
+from snapshot_assets.archive.changes import Row
+from snapshot_assets.archive.keys import TypedKey, typed_key
+from snapshot_assets.archive.manifest import Artifact, Manifest
+from snapshot_assets.archive.positions import compare_lsn, parse_lsn
+from snapshot_assets.archive.reader import ArchiveReader, ReplayPlan
+from snapshot_assets.config import TableConfig, load_config
+from tests.e2e.conftest import e2e_env
+from tests.pg.conftest import PgCluster
+
+pytestmark = pytest.mark.slow
+
+SEED: Final = 20240611
+ROUNDS: Final = 5
+TX_PER_ROUND: Final = 25
+INITIAL_ROWS: Final = 60
+TRUNCATE_ROUND: Final = 3  # a diff round: the TRUNCATE lands inside a diff window
+MAX_CHURN: Final = 90  # ~50-70 changes a round: diffs and re-bases alternate
+TABLE: Final = "e2e_rounds"
+KEY: Final = ("id",)
+FORMATS: Final = ("jsonl", "protobuf", "parquet")
+RUN_TIMEOUT_S: Final = 240.0
+MAX_SAFE_INT: Final = 2**53
+
+_COLUMNS: Final = (("big", "bigint", ""), ("amount", "numeric", "::numeric"), ("doc", "jsonb", "::jsonb"),
+                   ("at", "timestamptz", "::timestamptz"), ("blob", "bytea", ""), ("label", "text", ""),
+                   ("note", "text", ""))
+_NAMES: Final = tuple(name for name, _, _ in _COLUMNS)
+_CAST: Final = {name: cast for name, _, cast in _COLUMNS}
+_ID_POOLS: Final = ((1, 5_000), (2**53 - 40, 2**53 + 40), (2**63 - 60, 2**63 - 1), (-(2**63), -(2**63) + 60))
+_CHARS: Final = "abcxyz XYZ019 ,{}\"'\\\n\té✓東😀<&>"
+
+State = dict[TypedKey, Row]
+
+
+# --- values: the SQL parameter and the row value the archive must hold (the source's mapping) ------
+
+
+class Values:
+    """Random column values as (SQL parameter, expected archive value), computed from the Python value."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def text(self, longest: int = 20) -> str:
+        return "".join(self.rng.choice(_CHARS) for _ in range(self.rng.randint(0, longest)))
+
+    def big(self) -> tuple[Any, Any]:
+        value = self.rng.choice((self.rng.randint(-(2**63), 2**63 - 1), 2**53 + 1, -(2**53) - 7, 0, 42))
+        return value, value
+
+    def amount(self) -> tuple[Any, Any]:
+        whole = str(self.rng.randrange(10 ** self.rng.randint(1, 28)))
+        scale = self.rng.randint(0, 12)
+        digits = whole + ("." + "".join(self.rng.choice("0123456789") for _ in range(scale)) if scale else "")
+        if self.rng.random() < 0.4 and digits.strip("0.") != "":  # PostgreSQL prints -0 as 0
+            digits = "-" + digits
+        return digits, digits  # numeric without typmod prints exactly these digits
+
+    def doc(self) -> tuple[Any, Any]:
+        value = {"n": self.rng.choice((self.rng.randint(-1000, 1000), 2**70 + 3, -(2**53) - 1)),
+                 "s": self.text(8), "f": round(self.rng.uniform(-100, 100), 3), "ok": self.rng.random() < 0.5,
+                 "list": [None, self.rng.randint(0, 9), {"deep": self.text(4)}]}
+        return json.dumps(value), value
+
+    def at(self) -> tuple[Any, Any]:
+        stamp = dt.datetime(1950, 1, 1) + dt.timedelta(seconds=self.rng.randrange(150 * 365 * 86400))
+        micros = self.rng.choice((0, self.rng.randrange(1_000_000)))
+        fraction = f".{micros:06d}".rstrip("0") if micros else ""
+        text = stamp.strftime("%Y-%m-%d %H:%M:%S") + fraction
+        return text + "+00", text.replace(" ", "T") + "Z"
+
+    def blob(self) -> tuple[Any, Any]:
+        value = self.rng.randbytes(self.rng.randint(0, 32))
+        return value, base64.b64encode(value).decode("ascii")
+
+    def label(self) -> tuple[Any, Any]:
+        value = self.text()
+        return value, value
+
+    def note(self) -> tuple[Any, Any]:
+        # > 2 KB and SET STORAGE EXTERNAL: stored out of line (TOAST), unsent by updates that leave it alone.
+        value = self.rng.randbytes(self.rng.randint(1_200, 2_400)).hex()
+        return value, value
+
+    def column(self, name: str) -> tuple[Any, Any]:
+        if self.rng.random() < 0.12:
+            return None, None
+        generate: Callable[[], tuple[Any, Any]] = getattr(self, name)
+        return generate()
+
+
+def expected_from_db(record: tuple[Any, ...]) -> Row:
+    """A `SELECT id, big, amount::text, doc, at, blob, label, note` row as the archive must hold it."""
+    ident, big, amount, doc, at, blob, label, note = record
+    stamp = None
+    if at is not None:
+        utc = at.astimezone(dt.UTC)
+        fraction = f".{utc.microsecond:06d}".rstrip("0") if utc.microsecond else ""
+        stamp = utc.strftime("%Y-%m-%dT%H:%M:%S") + fraction + "Z"
+    return {"id": ident, "big": big, "amount": amount, "doc": doc, "at": stamp,
+            "blob": None if blob is None else base64.b64encode(bytes(blob)).decode("ascii"),
+            "label": label, "note": note}
+
+
+# --- the workload ------------------------------------------------------------------------------
+
+
+@dataclass
+class History:
+    """`states[i]` is the table after transaction i; `bounds[i]` its B_i (states[0]: the setup)."""
+
+    states: list[State] = field(default_factory=list)
+    bounds: list[int] = field(default_factory=list)
+
+    def index_at(self, position: str) -> int:
+        lsn = parse_lsn(position)
+        assert lsn is not None, position
+        candidates = [i for i, b in enumerate(self.bounds) if b <= lsn]
+        assert candidates, f"{position} is before the setup transaction"
+        return candidates[-1]
+
+    def at(self, position: str) -> State:
+        return self.states[self.index_at(position)]
+
+
+class Workload:
+    """Random transactions on one connection, each applied to the model and bounded by B_i."""
+
+    def __init__(self, conn: psycopg2.extensions.connection, seed: int) -> None:
+        self.conn = conn
+        self.rng = random.Random(seed)
+        self.values = Values(self.rng)
+        self.history = History()
+        self.table = sql.Identifier(TABLE)
+        self.pk_changes = self.truncates = self.toast_untouched = 0
+        self.truncate_index = -1
+
+    @property
+    def model(self) -> State:
+        return self.history.states[-1] if self.history.states else {}
+
+    def _fresh_id(self, state: State) -> int:
+        while True:
+            low, high = self.rng.choice(_ID_POOLS)
+            ident = self.rng.randint(low, high)
+            if (ident,) not in state:
+                return ident
+
+    def _insert(self, cur: Any, state: State, ident: int | None = None) -> None:
+        ident = self._fresh_id(state) if ident is None else ident
+        generated = {name: self.values.column(name) for name in _NAMES}
+        placeholders = sql.SQL(", ").join(sql.SQL("%s" + _CAST[n]) for n in _NAMES)
+        cur.execute(sql.SQL("INSERT INTO {} (id, {}) VALUES (%s, {})").format(
+            self.table, sql.SQL(", ").join(map(sql.Identifier, _NAMES)), placeholders),
+            [ident, *(p for p, _ in generated.values())])
+        state[(ident,)] = {"id": ident, **{n: e for n, (_, e) in generated.items()}}
+
+    def _update(self, cur: Any, state: State, *, new_key: bool = False) -> None:
+        key = self.rng.choice(list(state))
+        old = state[key]
+        chosen = self.rng.sample([n for n in _NAMES if n != "note"], self.rng.randint(0 if new_key else 1, 3))
+        if self.rng.random() < 0.3:
+            chosen.append("note")
+        elif old["note"] is not None:
+            self.toast_untouched += 1
+        sets = {name: self.values.column(name) for name in chosen}
+        assignments = [sql.SQL("{} = %s" + _CAST[n]).format(sql.Identifier(n)) for n in sets]
+        params: list[Any] = [p for p, _ in sets.values()]
+        new = {**old, **{n: e for n, (_, e) in sets.items()}}
+        if new_key:
+            new["id"] = self._fresh_id(state)
+            assignments.append(sql.SQL("id = %s"))
+            params.append(new["id"])
+            self.pk_changes += 1
+        cur.execute(sql.SQL("UPDATE {} SET {} WHERE id = %s").format(self.table, sql.SQL(", ").join(assignments)),
+                    [*params, old["id"]])
+        del state[key]
+        state[(new["id"],)] = new
+
+    def _delete(self, cur: Any, state: State) -> int:
+        key = self.rng.choice(list(state))
+        cur.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(self.table), [state[key]["id"]])
+        ident: int = state.pop(key)["id"]
+        return ident
+
+    def transaction(self, body: Callable[[Any, State], None]) -> None:
+        """Run `body` as one transaction; its last statement reads B_i; the model commits with it."""
+        state = dict(self.model)
+        with self.conn.cursor() as cur:
+            body(cur, state)
+            cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+            bound = parse_lsn(cur.fetchone()[0])
+        self.conn.commit()
+        assert bound is not None
+        self.history.states.append(state)
+        self.history.bounds.append(bound)
+
+    def setup(self) -> None:
+        def create(cur: Any, state: State) -> None:
+            columns = sql.SQL(", ").join(sql.SQL(f"{{}} {kind}").format(sql.Identifier(n)) for n, kind, _ in _COLUMNS)
+            cur.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, {})").format(self.table, columns))
+            cur.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN note SET STORAGE EXTERNAL").format(self.table))
+            cur.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(self.table))
+            for _ in range(INITIAL_ROWS):
+                self._insert(cur, state)
+
+        self.transaction(create)
+
+    def random_transaction(self, cur: Any, state: State) -> None:
+        roll = self.rng.random()
+        if roll < 0.08 and state:  # the same key twice in one transaction
+            ident = self._delete(cur, state)
+            self._insert(cur, state, ident)
+            self._update(cur, state, new_key=self.rng.random() < 0.5)
+            return
+        for _ in range(self.rng.randint(1, 4)):
+            size = len(state)
+            weights = {"insert": 3.0 if size < 40 else 0.0 if size > 120 else 1.0, "update": 3.0,
+                       "pk": 0.8, "delete": 0.0 if size < 20 else 1.0}
+            step = self.rng.choices(list(weights), list(weights.values()))[0] if size else "insert"
+            if step == "insert":
+                self._insert(cur, state)
+            elif step == "update":
+                self._update(cur, state)
+            elif step == "pk":
+                self._update(cur, state, new_key=True)
+            else:
+                self._delete(cur, state)
+
+    def truncate_transaction(self, cur: Any, state: State) -> None:
+        """TRUNCATE, then refill some rows (one of them reusing a key that existed before) in the same transaction."""
+        before = list(state)
+        cur.execute(sql.SQL("TRUNCATE {}").format(self.table))
+        state.clear()
+        self._insert(cur, state, before[0][0] if before else None)
+        for _ in range(self.rng.randint(5, 15)):
+            self._insert(cur, state)
+        self.truncates += 1
+        self.truncate_index = len(self.history.states)  # the index this transaction's state will get
+
+    def round(self, number: int) -> None:
+        truncate_at = TX_PER_ROUND // 2 if number == TRUNCATE_ROUND else -1
+        for i in range(TX_PER_ROUND):
+            self.transaction(self.truncate_transaction if i == truncate_at else self.random_transaction)
+
+    def table_now(self) -> State:
+        with self.conn.cursor() as cur:
+            cur.execute(sql.SQL("SELECT id, big, amount::text, doc, at, blob, label, note FROM {}").format(self.table))
+            rows = [expected_from_db(r) for r in cur.fetchall()]
+        self.conn.commit()
+        return {typed_key(r, KEY): r for r in rows}
+
+
+# --- comparing ---------------------------------------------------------------------------------
+
+
+def protobuf_view(value: Any) -> Any:
+    """A value as protobuf's documented mapping carries it: integers beyond ±2^53 as decimal strings."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return str(value) if abs(value) > MAX_SAFE_INT else value
+    if isinstance(value, dict):
+        return {k: protobuf_view(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [protobuf_view(v) for v in value]
+    return value
+
+
+def first_difference(got: State, expected: State, fid: str) -> str | None:
+    view: Callable[[Any], Any] = protobuf_view if fid == "protobuf" else (lambda v: v)
+    if got.keys() != expected.keys():
+        missing, extra = expected.keys() - got.keys(), got.keys() - expected.keys()
+        return f"keys differ: missing {sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}"
+    for key in expected:
+        want = view(expected[key])
+        if got[key] != want:
+            cols = [c for c in want if got[key].get(c) != want[c]] or sorted(set(got[key]) ^ set(want))
+            return f"row {key}: columns {cols}: got {[got[key].get(c) for c in cols]!r:.300}, " \
+                   f"expected {[want.get(c) for c in cols]!r:.300}"
+    return None
+
+
+def as_state(rows: Iterator[Row] | list[Row]) -> State:
+    out: State = {}
+    for row in rows:
+        key = typed_key(row, KEY)
+        assert key not in out, f"duplicate key {key} in a rebuilt table"
+        out[key] = row
+    return out
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Archive:
+    table: TableConfig
+    dest: Destination
+
+    def reader(self, fid: str | None = None) -> ArchiveReader:
+        return ArchiveReader(self.dest, self.table.key_prefix, formats=[fid] if fid else None, key_fields=KEY,
+                             cmp=compare_lsn)
+
+
+def write_config(path: Path, dsn: str, work: Path) -> None:
+    path.write_text(f"""
+snapshotter {{
+  source {{
+    type = postgres
+    dsn = "{dsn}"
+    schema = public
+    table = {TABLE}
+    slot = {TABLE}_slot
+    publication = {TABLE}_pub
+  }}
+  key_fields = [id]
+  diff.interval = 1s
+  snapshot {{ min_interval = 0s, max_churn_records = {MAX_CHURN} }}
+  retention.keep_epochs = 0
+  destinations = [ {{ type = local, path = "{work / 'archive'}" }} ]
+  formats {{
+    snapshot = [jsonl, protobuf, parquet]
+    diff = [jsonl, protobuf, parquet]
+  }}
+  buffer {{ path = "{work / 'buffer'}", seal_interval = 200ms }}
+}}
+""")
+
+
+def run_once(config: Path, work: Path, log: Path) -> str:
+    """`snapshotter run --once --config FILE` as its own process; returns its stdout."""
+    command = [str(Path(sys.executable).with_name("snapshotter")), "run", "--once", "--config", str(config)]
+    with log.open("ab") as err:
+        done = subprocess.run(command, cwd=work, env=e2e_env(), stdout=subprocess.PIPE, stderr=err,
+                              timeout=RUN_TIMEOUT_S, check=False)
+    out = done.stdout.decode(errors="replace")
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        pytest.fail(f"snapshotter run --once exited {done.returncode}:\n{out}\n{tail}")
+    return out
+
+
+def check_archive(archive: Archive, history: History) -> Manifest:
+    """Every assertion that must hold after a round; returns the manifest checked."""
+    manifest = archive.reader().load_manifest()
+    manifest.validate(compare_lsn)
+    assert manifest.artifacts and manifest.artifacts[0].is_snapshot
+    assert all(sorted(a.formats) == sorted(FORMATS) for a in manifest.artifacts), "an artifact lacks a format"
+    assert history.index_at(manifest.head_position) == len(history.states) - 1, (
+        f"head {manifest.head_position} does not cover the round's last transaction")
+    boundaries = list(dict.fromkeys(a.to_position for a in manifest.artifacts))
+    for fid in FORMATS:
+        reader = archive.reader(fid)
+        for position in boundaries:
+            rec = reader.reconstruct_as_of(position, manifest)
+            assert rec is not None and rec.position == position
+            problem = first_difference(as_state(rec.rows), history.at(position), fid)
+            assert problem is None, f"{fid} at {position}: {problem}"
+        # Every diff on its own epoch's snapshot (those a later snapshot supersedes included).
+        snapshot: Artifact | None = None
+        diffs: list[Artifact] = []
+        for art in manifest.artifacts:
+            if art.is_snapshot:
+                snapshot, diffs = art, []
+                continue
+            diffs.append(art)
+            assert snapshot is not None
+            state = reader.fold(ReplayPlan(snapshot, tuple(diffs), art.to_position))
+            problem = first_difference(as_state(list(state.rows())), history.at(art.to_position), fid)
+            assert problem is None, f"{fid}, epoch {art.epoch} chain to {art.to_position}: {problem}"
+    return manifest
+
+
+def test_postgres_rounds(pg_cluster: PgCluster, workdir: Path) -> None:
+    started = time.monotonic()
+    config = workdir / "snapshotter.conf"
+    write_config(config, pg_cluster.dsn(), workdir)
+    table = load_config(config, env={}).tables[0]
+    archive = Archive(table, build_destination(table.destinations[0]))
+    log = workdir / "runs.log"
+
+    conn = pg_cluster.connect()
+    conn.autocommit = False
+    workload = Workload(conn, SEED)
+    epochs: list[int] = []
+    heads: list[str] = []
+    outputs: list[str] = []
+    try:
+        workload.setup()
+        for number in range(ROUNDS + 1):  # round 0: the initial load alone, of the setup's rows
+            if number:
+                workload.round(number)
+            assert workload.table_now() == workload.model, f"round {number}: the model drifted from the table"
+            outputs.append(run_once(config, workdir, log))
+            manifest = check_archive(archive, workload.history)
+            if heads:
+                assert compare_lsn(manifest.head_position, heads[-1]) > 0, "the head did not advance"
+                assert manifest.epoch >= epochs[-1], f"epoch went from {epochs[-1]} back to {manifest.epoch}"
+            epochs.append(manifest.epoch)
+            heads.append(manifest.head_position)
+        # Nothing new at the source: the run writes nothing and the manifest stays as it was.
+        idle = run_once(config, workdir, log)
+        assert "nothing new" in idle, idle
+        assert archive.reader().load_manifest().artifacts == manifest.artifacts
+    finally:
+        conn.rollback()
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                        "WHERE slot_name = %s AND NOT active", (f"{TABLE}_slot",))
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(TABLE)))
+            cur.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(f"{TABLE}_pub")))
+        conn.close()
+
+    final = archive.reader().load_manifest()
+    assert final.epoch >= 2 and sum(a.is_snapshot for a in final.artifacts) >= 2, "no re-base happened"
+    assert any("(max_churn_records)" in out for out in outputs), outputs
+    assert any(not a.is_snapshot for a in final.artifacts), "no diff was written"
+    assert workload.truncates == 1 and workload.pk_changes > 0 and workload.toast_untouched > 0
+    history = workload.history
+    assert any(not a.is_snapshot and history.index_at(a.from_position or "") < workload.truncate_index
+               <= history.index_at(a.to_position) for a in final.artifacts), "no diff holds the TRUNCATE"
+    print("".join(outputs))
+    print(f"{ROUNDS} rounds, {len(workload.history.states) - 1} transactions, epochs {epochs}, "
+          f"{len(final.artifacts)} artifacts, {time.monotonic() - started:.0f}s")
