@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from resources.destinations.base import CASConflict, Destination, DestinationError, GetResult, ObjectInfo, PutResult
+from resources.durable_files import write_json_atomic
 from resources.sinks.base import EventSink, SinkError
 
 ARTIFACTS_WRITTEN = "artifacts_written_total"  # label: kind (snapshot | diff)
@@ -68,12 +69,7 @@ class CounterStore:
             os.close(fd)
 
     def _write(self, values: Values) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(values, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, values)
 
 
 def destination_label(dest: Destination) -> str:

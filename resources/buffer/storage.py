@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from resources.buffer.errors import WriterLockHeld
+from resources.durable_files import fsync_dir
 
 TEMP_PREFIX = ".tmp-"
 _LOCK_NAME = ".writer.lock"
@@ -78,14 +79,6 @@ class BufferStorage(Protocol):
     def unlock_writer(self) -> None: ...
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _make_durable(temp: BinaryIO) -> int:
     """Flush and fsync an open temp file, close it; returns its size."""
     temp.flush()
@@ -126,7 +119,7 @@ class LocalStorage:
         path = self._path(name)
         os.link(temp.name, path)
         os.unlink(temp.name)  # a crash before this leaves a temp name: removed at recovery
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return size
 
     def discard(self, temp: BinaryIO) -> None:
@@ -143,7 +136,7 @@ class LocalStorage:
             raise
         path = self._path(name)
         os.rename(temp.name, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
     def read(self, name: str) -> bytes | None:
         try:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from resources.destinations.base import CASConflict, DestinationError, GetResult, ObjectInfo, PutResult
+from resources.durable_files import fsync_dir
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -86,14 +87,6 @@ def _check_key(key: str) -> list[str]:
                 f"invalid key {key!r}: the component prefix {RESERVED_PREFIX!r} is reserved"
             )
     return parts
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _lock_path(path: Path) -> Path:
@@ -239,7 +232,7 @@ class LocalDestination:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(new_dir, DIR_MODE)
                 os.chmod(new_dir, DIR_MODE)
-                _fsync_dir(new_dir.parent)
+                fsync_dir(new_dir.parent)
 
     def _open_temp(self, directory: Path) -> tuple[int, Path]:
         """mkstemp in `directory`, re-creating the directory if a concurrent delete pruned it."""
@@ -288,7 +281,7 @@ class LocalDestination:
     @staticmethod
     def _commit(staged: _Staged, path: Path) -> None:
         os.replace(staged.tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
     @staticmethod
     def _read_or_none(path: Path) -> bytes | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resources.durable_files import write_json_atomic
 from resources.sinks.base import EventSink, SinkError
 from snapshot_assets.archive.manifest import Artifact
 
@@ -72,7 +73,7 @@ class Outbox:
                 continue
             record = {"event": dict(event), "enqueued_ns": time.time_ns(), "attempts": 0, "next_attempt": 0.0,
                       "last_error": ""}
-            _write_atomic(path, record)
+            write_json_atomic(path, record)
 
     def depth(self) -> int:
         return sum(1 for _ in self.root.glob("*/*.json")) if self.root.exists() else 0
@@ -99,22 +100,9 @@ class Outbox:
                     record["attempts"] += 1
                     record["last_error"] = str(e)
                     record["next_attempt"] = clock + min(MAX_BACKOFF_S, 2.0 ** record["attempts"])
-                    _write_atomic(path, record)
+                    write_json_atomic(path, record)
                     break  # keep this sink's events in order: retry the oldest first next time
                 path.unlink()
                 delivered += 1
         return DeliveryReport(delivered, failed, self.depth(), tuple(errors))
 
-
-def _write_atomic(path: Path, record: Mapping[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

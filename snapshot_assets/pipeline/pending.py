@@ -8,10 +8,10 @@ between leaves a record the next manifest step can still commit (commits are ide
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from resources.durable_files import write_json_atomic
 from snapshot_assets.archive.manifest import Artifact, loads
 
 
@@ -20,13 +20,7 @@ def _path(root: Path, table: str) -> Path:
 
 
 def save_pending(root: Path, table: str, art: Artifact, info: dict[str, Any]) -> None:
-    path = _path(root, table)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"artifact": art.to_json(), "info": info}))
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(_path(root, table), {"artifact": art.to_json(), "info": info})
 
 
 def load_pending(root: Path, table: str) -> tuple[Artifact, dict[str, Any]] | None:
