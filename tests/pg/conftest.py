@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg2  # type: ignore[import-untyped]
+import psycopg2
 import pytest
 
 _SERVICE_USER_FALLBACK = "snapshotter-pg"
