@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import platform
 import random
 import sys
@@ -28,6 +29,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import DOCS, write_section  # noqa: E402
 from resources.destinations.local import LocalDestination  # noqa: E402
 from snapshot_assets.archive.changes import Action, Change, Row  # noqa: E402
 from snapshot_assets.archive.formats import FORMATS  # noqa: E402
@@ -35,6 +37,8 @@ from snapshot_assets.archive.keys import laredo_row_key  # noqa: E402
 from snapshot_assets.archive.positions import compare_sequence  # noqa: E402
 from snapshot_assets.archive.reader import ArchiveReader  # noqa: E402
 from snapshot_assets.archive.writer import ArtifactWriter, ManifestStore  # noqa: E402
+
+SECTION = "## Formats: encode, decode and Python-path reconstruction"
 
 
 def make_rows(n: int, seed: int = 7) -> list[Row]:
@@ -124,7 +128,7 @@ def bench_reconstruct(fid: str, rows: list[Row], n_diffs: int, per_diff: int) ->
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    ap.add_argument("--out", default=str(DOCS))
     args = ap.parse_args()
     rows = make_rows(args.rows)
     n = len(rows)
@@ -139,12 +143,12 @@ def main() -> None:
     by_name = {r[0]: r for r in results}
 
     lines = [
-        "# Benchmarks",
+        SECTION,
         "",
-        f"Machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}; "
-        f"produced by `benchmarks/bench_formats.py --rows {n}`.",
+        f"Machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.1f}; produced by `benchmarks/bench_formats.py --rows {n}`.",
         "",
-        f"## Snapshot encode / decode ({n:,} rows, one stream, single core)",
+        f"Snapshot encode / decode of {n:,} rows, one stream, single core:",
         "",
         "| format | write rows/s | read rows/s | bytes/row | write vs peer | read vs peer |",
         "|---|---:|---:|---:|---:|---:|",
@@ -160,7 +164,8 @@ def main() -> None:
               ""]
 
     n_diffs, per_diff = 10, max(1, n // 20)
-    lines += [f"## Python-path reconstruction: snapshot of {n:,} rows + {n_diffs} diffs × {per_diff:,} updates", "",
+    lines += [f"Python-path reconstruction (`snapshotter reconstruct`): a snapshot of {n:,} rows + {n_diffs} diffs "
+              f"× {per_diff:,} updates:", "",
               "| format | seconds | rows/s folded |", "|---|---:|---:|"]
     for fid in ("jsonl", "protobuf", "parquet"):
         t = bench_reconstruct(fid, rows, n_diffs, per_diff)
@@ -170,7 +175,7 @@ def main() -> None:
 
     text = "\n".join(lines)
     print(text)
-    Path(args.out).write_text(text)
+    write_section(Path(args.out), SECTION, text)
 
 
 if __name__ == "__main__":

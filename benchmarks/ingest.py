@@ -47,6 +47,7 @@ import psycopg2.extras
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import DOCS, write_section  # noqa: E402
 from resources.buffer import BufferReader, ChangeBuffer  # noqa: E402
 from resources.ingest import run_ingest  # noqa: E402
 from resources.subscribers.events import ChangeEvent, Event, ResyncEnd, TxEnd  # noqa: E402
@@ -56,7 +57,6 @@ from snapshot_assets.config import TableConfig, parse_config  # noqa: E402
 from tests.pg import conftest as pg_fixtures  # noqa: E402
 
 SECTION = "## Ingest: PostgreSQL → change buffer"
-DOCS = ROOT / "docs" / "benchmarks.md"
 TABLE = "bench_ingest"
 PUBLICATION = "bench_ingest_pub"
 SLOTS = {"ingest": "bench_ingest", "raw": "bench_raw", "transport": "bench_transport", "decode": "bench_decode"}
@@ -324,19 +324,6 @@ def render(results: list[Result], args: argparse.Namespace, server: str, wal_byt
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of the shared file (or append it), keeping every other section."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip("\n") == SECTION), None)
-    if start is None:
-        path.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = "".join(lines[end:])
-    path.write_text("".join(lines[:start]) + section + ("\n" + tail if tail else ""))
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--changes", type=int, default=200_000, help="row changes in the workload (default 200000)")
@@ -380,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(section)
     if not args.no_docs:
-        write_section(args.docs, section)
+        write_section(args.docs, SECTION, section)
         print(f"wrote the section to {args.docs}")
     return 0
 
