@@ -285,63 +285,61 @@ _encode_ordered = _make_encoder(sort_keys=False)
 def encode_value(value: Any) -> str:
     """Go's `json.Marshal` of one value (dicts as maps); raises UnsupportedValue, not yet located.
 
-    Plain values go through the standard library's C encoder (see `_stdlib_agrees`), the rest
+    Plain values go through the standard library's C encoder (see `_stdlib_text`), the rest
     through the exact encoder; both give the same bytes.
     """
-    if _stdlib_agrees(value):
-        return _html_escaped(_stdlib_dumps(value))
-    return _encode_sorted(value)
+    text = _stdlib_text(value)
+    return _encode_sorted(value) if text is None else _html_escaped(text)
 
 
-_FAST_FLOAT_LOW, _FAST_FLOAT_HIGH = 1e-4, 1e16
-_HUGE = 10**300  # beyond this, ints take the exact path (Python caps int-to-str at 4300 digits)
 _stdlib_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")).encode
 
 
-def _stdlib_agrees(value: Any) -> bool:
-    """True when the standard library's encoder prints `value` exactly as Go does (up to HTML escapes).
+# Where Python's float repr and Go's encoding differ: integral floats (`1.0` vs `1`) and exponent
+# forms (Python switches to them below 1e-4 and from 1e16, Go below 1e-6 and from 1e21, with
+# different exponent padding). String literals are blanked first so their digits cannot match.
+_STRING_LITERALS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_FLOAT_FORMS_GO_WRITES_OTHERWISE = re.compile(r"[0-9]\.0(?![0-9])|[0-9][eE][-+]?[0-9]")
 
-    That holds for strings without lone surrogates, ints below 10^300, bools, None, lists and str-keyed dicts of
-    those, and floats that are not integral and lie in [1e-4, 1e16): there both print the shortest
-    round-trip digits in fixed notation. Anything else takes the exact (slower) path. Written as one
-    loop over a work list with the common scalar types inlined: it runs for every buffered row.
-    """
+
+def _string_keys_only(value: Any) -> bool:
     pending = [value]
     while pending:
         item = pending.pop()
-        kind = type(item)
-        if kind is dict:
+        if type(item) is dict:
             for k, v in item.items():
-                if type(k) is not str or (not k.isascii() and _SURROGATE.search(k)):
+                if type(k) is not str:
                     return False
-                vkind = type(v)
-                if vkind is str:
-                    if not v.isascii() and _SURROGATE.search(v):
-                        return False
-                elif vkind is int:
-                    if not -_HUGE < v < _HUGE:
-                        return False
-                elif vkind is bool or v is None:
-                    continue
-                elif vkind is float:
-                    if not _FAST_FLOAT_LOW <= abs(v) < _FAST_FLOAT_HIGH or v.is_integer():
-                        return False
-                else:
+                if type(v) is dict or type(v) is list:
                     pending.append(v)
-        elif kind is list:
-            pending.extend(item)
-        elif kind is str:
-            if not item.isascii() and _SURROGATE.search(item):
-                return False
-        elif kind is float:
-            if not _FAST_FLOAT_LOW <= abs(item) < _FAST_FLOAT_HIGH or item.is_integer():
-                return False
-        elif kind is int:
-            if not -_HUGE < item < _HUGE:
-                return False
-        elif not (kind is bool or item is None):
-            return False
+        elif type(item) is list:
+            pending.extend(v for v in item if type(v) is dict or type(v) is list)
     return True
+
+
+def _stdlib_text(value: Any) -> str | None:
+    """The C encoder's text for `value` when it is byte-identical to Go's, else None.
+
+    Refused here (the exact encoder takes over): types JSON has no literal for (datetime, bytes,
+    Decimal), NaN/Infinity, integers too long for Python's int-to-str limit, lone surrogates, and any
+    float the two languages print differently. Checking the finished text with two C-level regex
+    passes costs less than walking the value in Python, which matters: every buffered row comes here.
+    """
+    try:
+        text = _stdlib_dumps(value)
+    except (TypeError, ValueError):
+        return None
+    # The C encoder turns int/float/bool/None keys into strings; rows are map[string]any, so such a
+    # key must reach the exact encoder's refusal. Only objects can hold keys: look only when there are.
+    if "{" in text and not _string_keys_only(value):
+        return None
+    if not text.isascii() and _SURROGATE.search(text):
+        return None
+    if "." in text or "e" in text or "E" in text:
+        bare = _STRING_LITERALS.sub('""', text) if '"' in text else text
+        if _FLOAT_FORMS_GO_WRITES_OTHERWISE.search(bare):
+            return None
+    return text
 
 
 def _html_escaped(text: str) -> str:
@@ -367,8 +365,10 @@ def encode_row(row: Mapping[str, Any], row_key: Callable[[], str]) -> str:
     Rows of plain values go through the standard library's C encoder (3× faster), whose output is
     then byte-identical to Go's once `<`, `>`, `&`, U+2028 and U+2029 are escaped.
     """
-    if type(row) is dict and _stdlib_agrees(row):  # the common case, without the per-column loop below
-        return _html_escaped(_stdlib_dumps(row))
+    if type(row) is dict:  # the common case, without the per-column loop below
+        text = _stdlib_text(row)
+        if text is not None:
+            return _html_escaped(text)
     members: list[tuple[str, str]] = []
     column = ""
     try:
