@@ -124,7 +124,7 @@ def manifest(context: dg.AssetExecutionContext) -> dg.MaterializeResult:  # type
 
 def _readers(table: str) -> list[ArchiveReader]:
     pipe = pipeline(table)
-    return [ArchiveReader(d, pipe.cfg.key_prefix, key_fields=pipe.cfg.key_fields, cmp=comparator("lsn"))
+    return [ArchiveReader(d, pipe.cfg.key_prefix, key_fields=pipe.key_fields, cmp=comparator("lsn"))
             for d in pipe.destinations]
 
 

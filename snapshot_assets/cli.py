@@ -19,7 +19,7 @@ import dagster as dg
 
 from resources.destinations.base import Destination, DestinationError
 from resources.destinations.factory import build_destination, location_spec
-from snapshot_assets.archive.errors import ArchiveError
+from snapshot_assets.archive.errors import ArchiveError, MissingKeyField
 from snapshot_assets.archive.gojson import marshal
 from snapshot_assets.archive.inspect import render_manifest
 from snapshot_assets.archive.positions import COMPARATORS, comparator
@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_flags(rec)
     rec.add_argument("--format", choices=("jsonl", "protobuf", "parquet"),
                      help="format to read (default: the first the manifest offers)")
-    rec.add_argument("--key-fields", default="id", help="comma-separated primary key columns (default: id)")
+    rec.add_argument("--key-fields", default="id",
+                     help="comma-separated key columns the rows are folded by (default: laredo's id)")
     rec.add_argument("--at", help="source position to rebuild at (default: the head)")
     rec.add_argument("--output", choices=("json", "jsonl"), default="json")
 
@@ -126,7 +127,10 @@ def cmd_reconstruct(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError("--key-fields names no column")
     reader = _reader(args, formats=[args.format] if args.format else None, key_fields=key_fields)
     manifest = reader.load_manifest()
-    rec = reader.reconstruct_as_of(args.at, manifest)
+    try:
+        rec = reader.reconstruct_as_of(args.at, manifest)
+    except MissingKeyField as e:
+        raise CliError(f"{e}: pass the table's key columns with --key-fields") from None
     if rec is None:
         first = next(manifest.snapshots(), None)
         reach = f"its first snapshot is at {first.to_position}" if first else "it holds no snapshot"

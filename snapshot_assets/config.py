@@ -97,6 +97,10 @@ class CredentialProfile:
 
 @dataclass(frozen=True)
 class TableConfig:
+    """One table. `key_fields` is what the file says, `()` when it says nothing: the key the source
+    reports then names rows (a PostgreSQL table's primary key; laredo's `[id]` when a laredo server
+    reports none). The effective key is resolved once, by `TablePipeline.key_fields`."""
+
     source: SourceConfig
     key_prefix: str
     key_fields: tuple[str, ...]
@@ -334,6 +338,14 @@ def _buffer(s: _Section, default: BufferConfig) -> BufferConfig:
     return b
 
 
+def _key_fields(s: _Section) -> tuple[str, ...]:
+    """The configured key fields; `()` when unset (the source's key), never an explicit empty list."""
+    fields = s.strings("key_fields", ())
+    if s.has("key_fields") and not fields:
+        raise ConfigError(s.file, s.at("key_fields"), "lists no field (leave it out to use the source's key)")
+    return fields
+
+
 def _table(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: BufferConfig) -> TableConfig:
     source = _source(s.sub("source"))
     diff = s.sub("diff")
@@ -355,7 +367,7 @@ def _table(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: Bu
     table = TableConfig(
         source=source,
         key_prefix=key_prefix,
-        key_fields=s.strings("key_fields", ("id",)),
+        key_fields=_key_fields(s),
         diff_interval=diff_interval,
         policy=policy,
         keep_epochs=keep_epochs,

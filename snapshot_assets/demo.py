@@ -58,6 +58,7 @@ def run_demo(out: TextIO, *, workdir: Path, cycles: int = 5, per_cycle: int = 30
     from resources.subscribers.generator import GeneratorSubscriber
     from snapshot_assets.definitions import defs
     from snapshot_assets.run_once import catch_up, ingest_until_caught_up
+    from snapshot_assets.tables import pipeline
 
     config = load_config()
     table = config.tables[0]
@@ -68,7 +69,8 @@ def run_demo(out: TextIO, *, workdir: Path, cycles: int = 5, per_cycle: int = 30
         ingested = ingest_until_caught_up(with_changes(table, cycle * per_cycle))
         outcome = catch_up(defs, table.name, instance=instance)
         out.write(f"cycle {cycle}: buffer at {ingested}; wrote {', '.join(outcome.artifacts) or 'nothing'}\n")
-    reader = ArchiveReader(build_destination(table.destinations[0]), table.key_prefix, key_fields=table.key_fields)
+    key_fields = pipeline(table.name).key_fields
+    reader = ArchiveReader(build_destination(table.destinations[0]), table.key_prefix, key_fields=key_fields)
     manifest = reader.load_manifest()
     out.write("\n" + render_manifest(manifest) + "\n")
     problems = verify_archive(reader, manifest, deep=True)
@@ -77,10 +79,10 @@ def run_demo(out: TextIO, *, workdir: Path, cycles: int = 5, per_cycle: int = 30
     expected = model.table_at(manifest.head_position)
     ok = not problems and sum(a.is_snapshot for a in manifest.artifacts) >= 2
     for fid in table.snapshot_formats:
-        one_format = ArchiveReader(reader.dest, table.key_prefix, formats=[fid], key_fields=table.key_fields)
+        one_format = ArchiveReader(reader.dest, table.key_prefix, formats=[fid], key_fields=key_fields)
         rec = one_format.reconstruct_as_of()
         assert rec is not None
-        got = {typed_key(r, table.key_fields): r for r in rec.rows}
+        got = {typed_key(r, key_fields): r for r in rec.rows}
         match = same_rows(got, expected)  # type: ignore[arg-type]
         ok = ok and match
         out.write(f"rebuilt at head {rec.position} from {fid}: {len(got)} rows, "

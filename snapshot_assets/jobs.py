@@ -58,7 +58,7 @@ def reconstruct_table(context: dg.OpExecutionContext, config: ReconstructConfig,
     from snapshot_assets.spark.reconstruct import reconstruct_to_path
 
     pipe = pipeline(config.table)
-    reader = ArchiveReader(pipe.destinations[0], pipe.cfg.key_prefix, key_fields=pipe.cfg.key_fields,
+    reader = ArchiveReader(pipe.destinations[0], pipe.cfg.key_prefix, key_fields=pipe.key_fields,
                            cmp=comparator("lsn"))
     result = reconstruct_to_path(spark.spark_session, reader, config.position or None, config.output_path,
                                  config.format)

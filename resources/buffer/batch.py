@@ -167,7 +167,8 @@ class OpenResync:
         return self.first_seq + self.rows
 
     def add(self, row: Row, key_fields: tuple[str, ...]) -> None:
-        encoded = encode_snapshot_row(row, self.next_seq, key_fields, "")
+        where = f"re-sync row {self.rows + 1} ({self.reason}, after {self.begin_position or 'the start'})"
+        encoded = encode_snapshot_row(row, self.next_seq, key_fields, "", where)
         self._pending.append(encoded)
         self._hll.add(encoded[3] or "")
         self.rows += 1

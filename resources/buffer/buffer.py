@@ -206,7 +206,7 @@ class ChangeBuffer(BufferView):
         try:
             self._resync.add(event.row, key_fields)
         except ArchiveError as exc:
-            raise BadChange(f"{self._where()}: re-sync row: {exc}") from exc
+            raise BadChange(f"{self._where()}: {exc}") from exc
 
     def _resync_begin(self, event: ResyncBegin) -> bool:
         sealed = False

@@ -18,6 +18,7 @@ from resources.buffer.hll import HyperLogLog
 from resources.buffer.index import IndexState, ResyncMarker, load_index, releasable, request_release
 from resources.buffer.segments import SegmentKind, SegmentMeta, seq_through
 from resources.buffer.storage import BufferStorage, local_table_storage
+from resources.subscribers.events import TableSchema
 from snapshot_assets.archive.positions import comparator
 
 
@@ -94,6 +95,10 @@ class BufferView(ABC):
     def durable_position(self) -> str | None:
         """The position through which every change is durable (None: nothing yet, initial load next)."""
         return self._state().durable_position
+
+    def schema(self) -> TableSchema | None:
+        """The table schema the source reported for the durable data (its key names the rows)."""
+        return self._state().schema
 
     def latest_resync(self) -> ResyncMarker | None:
         """The most recent completed re-sync (its snapshot segment, if still held, via `segment_ref`)."""

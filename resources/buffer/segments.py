@@ -36,6 +36,7 @@ from resources.subscribers.events import ChangeEvent, Column, TableSchema
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import MalformedChange
 from snapshot_assets.archive.changes import Action, Row
+from snapshot_assets.archive.errors import MissingKeyField
 from snapshot_assets.archive.keys import typed_key
 from snapshot_assets.archive.positions import Comparator
 
@@ -66,9 +67,24 @@ RowTuple = tuple[int, str, str, str | None, str | None, str | None, str | None]
 # --- row encoding ------------------------------------------------------------------------------
 
 
-def key_text(row: Row, key_fields: Sequence[str]) -> str:
-    """The `key` column: canonical JSON of the row's typed key (exact integers beyond 2^53)."""
-    return gojson.dumps(list(typed_key(row, key_fields)))
+def key_text(row: Row, key_fields: Sequence[str], where: str) -> str:
+    """The `key` column: canonical JSON of the row's typed key (exact integers beyond 2^53).
+
+    A row that lacks a key field, or holds NULL in one, names no row: folded under a `<nil>` key,
+    every such row would become one. Both are refused here, at ingest, with `where` (the action and
+    position, or the re-sync row) in the message, before anything is buffered. A PostgreSQL key
+    (primary key or replica identity index) is NOT NULL anyway; a NULL can only come from key
+    fields configured on columns that are not the table's key.
+    """
+    try:
+        key = typed_key(row, key_fields)
+    except MissingKeyField as exc:
+        raise exc.at(where) from None
+    for name, value in zip(key_fields, key, strict=True):
+        if value is None:
+            raise MalformedChange(f"{where} has NULL in key field {name!r} (key fields {list(key_fields)}): "
+                                  "a NULL names no row")
+    return gojson.dumps(list(key))
 
 
 def _row_text(row: Row | None, key: str | None) -> str | None:
@@ -82,27 +98,29 @@ def _carries_key(row: Row | None, key_fields: Sequence[str]) -> bool:
 def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tuple[RowTuple, list[str]]:
     """The buffer row of one change, and the keys it touches (two for a primary-key change).
 
-    Refuses what cannot mean anything (an INSERT/UPDATE without `new`, a DELETE whose `old` does not
-    name its key) with MalformedChange, before anything is buffered.
+    Refuses what cannot mean anything, before anything is buffered: an INSERT/UPDATE without `new`
+    or whose `new` lacks a key field (MalformedChange, MissingKeyField), a DELETE whose `old` does
+    not name its key. An UPDATE's `old` may be partial (REPLICA IDENTITY DEFAULT sends the key
+    columns only when they changed): it names the old key only when it carries every key field.
     """
     action = event.action
     old, new = event.old, event.new
+    where = f"{action.value} at {event.position or '(a position-less entry)'}"
     touched: list[str] = []
     if action is Action.TRUNCATE:
         key = None
     elif action is Action.DELETE:
-        if not _carries_key(old, key_fields):
-            raise MalformedChange(f"DELETE at {event.position} has no before-image naming its key "
-                                  f"{list(key_fields)}")
-        key = key_text(old, key_fields)  # type: ignore[arg-type]  # checked by _carries_key
+        if old is None:
+            raise MalformedChange(f"{where} has no before-image naming its key {list(key_fields)}")
+        key = key_text(old, key_fields, f"{where}: the before-image")
         touched.append(key)
     else:
         if new is None:
-            raise MalformedChange(f"{action.value} at {event.position} has no new row")
-        key = key_text(new, key_fields)
+            raise MalformedChange(f"{where} has no new row")
+        key = key_text(new, key_fields, f"{where}: the new row")
         touched.append(key)
         if action is Action.UPDATE and _carries_key(old, key_fields):
-            old_key = key_text(old, key_fields)  # type: ignore[arg-type]
+            old_key = key_text(old, key_fields, f"{where}: the before-image")  # type: ignore[arg-type]
             if old_key != key:
                 touched.append(old_key)
     commit_time = None if event.commit_time is None else gojson.time_text(event.commit_time)
@@ -110,9 +128,9 @@ def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tu
     return row, touched
 
 
-def encode_snapshot_row(row: Row, seq: int, key_fields: Sequence[str], position: str) -> RowTuple:
+def encode_snapshot_row(row: Row, seq: int, key_fields: Sequence[str], position: str, where: str) -> RowTuple:
     """A re-sync row; `position` is a placeholder until the re-sync's end position is known."""
-    key = key_text(row, key_fields)
+    key = key_text(row, key_fields, where)
     return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None)
 
 

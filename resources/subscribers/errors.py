@@ -9,6 +9,8 @@ raise the same classes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class SourceError(Exception):
     """A source failed for `table` because of `cause`; `transient` says whether retrying may help.
@@ -42,6 +44,25 @@ class UnknownTable(SourceConfigError):
 
 class NoPrimaryKey(SourceConfigError):
     """The table has no primary key, so changes cannot be keyed and diffs cannot be computed."""
+
+
+class KeyMismatch(SourceConfigError):
+    """The configured `key_fields` are not the key the source reports for the table.
+
+    Folding by other columns than the source's key merges distinct rows or splits one row, so the
+    run refuses to start and names both.
+    """
+
+    def __init__(self, table: str, configured: Sequence[str], reported: Sequence[str], what: str,
+                 detail: str = "") -> None:
+        super().__init__(table, f"key_fields {_names(configured)} do not match the {what} {_names(reported)} "
+                                f"of {table}" + (f" ({detail})" if detail else ""))
+        self.configured = tuple(configured)
+        self.reported = tuple(reported)
+
+
+def _names(fields: Sequence[str]) -> str:
+    return "[" + ", ".join(fields) + "]"
 
 
 class SlotLost(SourceError):

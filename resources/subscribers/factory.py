@@ -45,7 +45,8 @@ def build_subscriber(table: TableConfig) -> Subscriber:
     if src.type == "postgres":
         from resources.subscribers.postgres import PostgresSubscriber
 
-        return PostgresSubscriber(src.dsn, table=src.table, schema=src.schema, slot=slot_name(src),
+        return PostgresSubscriber(src.dsn, table=src.table, schema=src.schema, key_fields=table.key_fields,
+                                  slot=slot_name(src),
                                   publication=src.publication or slot_name(src), create_slot=src.create_slot,
                                   recreate_slot_on_loss=src.recreate_slot_on_loss,
                                   unchanged_toast="require-full")

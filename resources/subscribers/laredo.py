@@ -46,7 +46,7 @@ from typing import Any
 from resources.proto.laredo.replication.v1 import replication_pb2 as pb
 from resources.subscribers.connect_framing import DEFAULT_MAX_FRAME_BYTES, FramingError, TruncatedStream
 from resources.subscribers.errors import (
-    NoPrimaryKey,
+    KeyMismatch,
     ProtocolError,
     SourceConfigError,
     SourceError,
@@ -58,6 +58,7 @@ from resources.subscribers.laredo_sequencer import Sequencer
 from resources.subscribers.laredo_transport import SyncStream, Transport, make_transport
 from resources.subscribers.replication_filters import Filter, parse_filters
 from resources.subscribers.replication_wire import Code, StatusError, schema_from_columns
+from snapshot_assets.archive.keys import DEFAULT_KEY_FIELDS
 from snapshot_assets.archive.positions import parse_lsn
 
 log = logging.getLogger(__name__)
@@ -224,12 +225,13 @@ class LaredoSubscriber:
     """A Subscriber for one table served by laredo-server (or this project's fan-out server).
 
     `filters`: column predicates (`{"field": "tenant_id", "equals": 42}`, `prefix`, `in`), applied
-    by the server. `key_fields`: the primary key to assume when the server's handshake carries no
-    columns (laredo-server sends none) or no primary key. `sequence_fallback_after`: positionless
-    entries before the sequence-derived fallback (see `laredo_sequencer`). `sequence_resume`: also
-    resume by `last_known_sequence` when no position is known — sequences are per server instance,
-    so enable it only when the URL always reaches the same instance; it is never used after a
-    GoAway. `sleep` and `clock` (unix seconds, for GoAway deadlines) are injectable for tests.
+    by the server. `key_fields`: the configured key (empty: not configured), checked against the
+    key columns the server reports, and assumed when it reports none (`schema_from_handshake`).
+    `sequence_fallback_after`: positionless entries before the sequence-derived fallback (see
+    `laredo_sequencer`). `sequence_resume`: also resume by `last_known_sequence` when no position
+    is known — sequences are per server instance, so enable it only when the URL always reaches
+    the same instance; it is never used after a GoAway. `sleep` and `clock` (unix seconds, for
+    GoAway deadlines) are injectable for tests.
     """
 
     ordering = "lsn"
@@ -396,20 +398,24 @@ class LaredoSubscriber:
         return SourceError(self.name, f"unexpected failure talking to {where}: {exc!r}")
 
     def schema_from_handshake(self, handshake: pb.SyncHandshake) -> TableSchema:
-        """The handshake's columns (kept when non-empty), completed with `key_fields` if needed."""
+        """The handshake's columns (kept when non-empty) with their key, checked against `key_fields`.
+
+        When the server reports key columns, they are the table's key and configured `key_fields`
+        must equal them (KeyMismatch names both). When it reports none (laredo-server sends no
+        columns), the configured `key_fields`, or laredo's default `[id]`, become the key.
+        """
         if handshake.columns:
             schema = schema_from_columns(self.name, handshake.columns)
         elif self._schema is not None:
             schema = self._schema
         else:
             schema = TableSchema(self.name, ())
-        if self.key_fields and not schema.key_fields:
-            schema = _with_key(schema, self.key_fields)
-        if not schema.key_fields:
-            if not handshake.columns:
-                raise SourceConfigError(self.name, f"laredo server {self.url} sent no columns in its handshake; "
-                                                   "configure key_fields with the table's primary key")
-            raise NoPrimaryKey(self.name, "the server's columns have no primary key; configure key_fields")
+        reported = schema.key_fields
+        if reported and self.key_fields and reported != self.key_fields:
+            raise KeyMismatch(self.name, self.key_fields, reported, "primary key",
+                              f"as the laredo server {self.url} reports it")
+        if not reported:
+            schema = _with_key(schema, self.key_fields or DEFAULT_KEY_FIELDS)
         self._schema = schema
         return schema
 

@@ -41,8 +41,12 @@ Starting with no position (`events(None)`) always makes a new slot: an existing 
 is dropped first (it is left over from a load that never became durable), so slot names must be
 unique per table.
 
-The table must have a primary key and REPLICA IDENTITY DEFAULT, FULL, or USING INDEX on exactly the
-primary key columns; generated columns are not published by pgoutput and are not copied either.
+Keys. A row's key is the table's primary key, or under REPLICA IDENTITY USING INDEX that index's
+columns (the only columns a DELETE or a key-changing UPDATE carries in its before-image; the index is
+unique and NOT NULL, so it names rows as well as the primary key does). The schema this source
+reports marks those columns as the key. Configured `key_fields` must equal it, in order: a
+mismatch stops the start (`KeyMismatch`) before any slot is touched. REPLICA IDENTITY NOTHING is
+refused; generated columns are not published by pgoutput and are not copied either.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from psycopg2 import sql
 
 from resources.subscribers import pgoutput, pgtypes
 from resources.subscribers.errors import (
+    KeyMismatch,
     NoPrimaryKey,
     ProtocolError,
     SlotInUse,
@@ -143,6 +148,7 @@ class _TableInfo:
     replica_identity: str
     columns: tuple[_CatalogColumn, ...]
     primary_key: tuple[str, ...]
+    key: tuple[str, ...]  # what names a row: the replica identity index under USING INDEX, else the primary key
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +233,7 @@ class PostgresSubscriber:
     def __init__(self, dsn: str, *, table: str, slot: str, publication: str, schema: str = "public",
                  create_slot: bool = True, recreate_slot_on_loss: bool = False,
                  status_interval: float = 10.0, batch_size: int = 5000,
-                 unchanged_toast: UnchangedToastPolicy = "mark") -> None:
+                 unchanged_toast: UnchangedToastPolicy = "mark", key_fields: Sequence[str] = ()) -> None:
         self.name = f"{schema}.{table}"
         if not _SLOT_NAME.match(slot):
             raise SourceConfigError(self.name, f"invalid replication slot name {slot!r}: use 1-63 "
@@ -248,6 +254,7 @@ class PostgresSubscriber:
         self.status_interval = status_interval
         self.batch_size = batch_size
         self.unchanged_toast = unchanged_toast
+        self.key_fields = tuple(key_fields)  # configured; () takes the table's key
         self._query: Connection = None
         self._repl: Connection = None
         self._cursor: Any = None  # the replication cursor, once streaming
@@ -313,7 +320,7 @@ class PostgresSubscriber:
         elif not self._slot_usable():
             resume_after = yield from self._initial_load(info, "replication slot lost")
         else:
-            yield SchemaEvent(self._schema(info.columns, info.primary_key))
+            yield SchemaEvent(self._schema(info.columns, info.key))
             with self._lock:
                 self._ack_limit = max(self._ack_limit, resume_after)
         yield from self._stream(info, resume_after)
@@ -329,7 +336,7 @@ class PostgresSubscriber:
         self._doing = "copying the table"
         shape = self._catalog_shape(info)
         rows = self._copy(info, shape, snapshot_name)  # imports the snapshot before the first yield
-        yield SchemaEvent(self._schema(info.columns, info.primary_key))
+        yield SchemaEvent(self._schema(info.columns, info.key))
         yield ResyncBegin(reason)
         count = 0
         for row in rows:
@@ -371,13 +378,29 @@ class PostgresSubscriber:
         oid, kind, identity = found[0]
         if kind != "r":
             raise SourceConfigError(self.name, f"not an ordinary table (relkind {kind!r})")
+        primary_key, key = self._keys(oid, identity)
         info = _TableInfo(oid=oid, replica_identity=identity, columns=self._columns(oid),
-                          primary_key=self._index_columns(oid, "indisprimary"))
-        if not info.primary_key:
+                          primary_key=primary_key, key=key)
+        if not info.key and identity == "i":
+            raise NoPrimaryKey(self.name, "REPLICA IDENTITY USING INDEX names no index (was it dropped?): "
+                               "changes cannot be keyed; use DEFAULT or another index")
+        if not info.key:
             raise NoPrimaryKey(self.name, "the table has no primary key: changes cannot be keyed; "
                                "add one (ALTER TABLE ... ADD PRIMARY KEY)")
         self._check_identity(info)
+        self._check_key_fields(info.key, info.primary_key)
         return info
+
+    def _keys(self, oid: int, identity: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(primary key, row key): the row key is the replica identity index under USING INDEX."""
+        primary_key = self._index_columns(oid, "indisprimary")
+        return primary_key, self._index_columns(oid, "indisreplident") if identity == "i" else primary_key
+
+    def _check_key_fields(self, key: tuple[str, ...], primary_key: tuple[str, ...]) -> None:
+        """Configured key fields must be the table's key, in order (see the module docstring)."""
+        if self.key_fields and self.key_fields != key:
+            what = "primary key" if key == primary_key else "replica identity index"
+            raise KeyMismatch(self.name, self.key_fields, key, what)
 
     def _columns(self, oid: int) -> tuple[_CatalogColumn, ...]:
         rows = self._fetch(
@@ -401,9 +424,6 @@ class PostgresSubscriber:
         if identity == "n":
             raise SourceConfigError(self.name, "REPLICA IDENTITY NOTHING: updates and deletes cannot be "
                                     "replicated; use DEFAULT or FULL")
-        if identity == "i" and set(self._index_columns(info.oid, "indisreplident")) != set(info.primary_key):
-            raise SourceConfigError(self.name, "REPLICA IDENTITY USING INDEX on columns other than the "
-                                    "primary key: deletes would not carry the key; use DEFAULT or FULL")
         toastable = [c.name for c in info.columns if c.storage in _TOASTABLE_STORAGE]
         if self.unchanged_toast == "require-full" and identity != "f" and toastable:
             raise SourceConfigError(self.name, f"columns {toastable} can be TOASTed and REPLICA IDENTITY "
@@ -459,7 +479,7 @@ class PostgresSubscriber:
             for c in columns))
 
     def _catalog_shape(self, info: _TableInfo) -> _Shape:
-        return _Shape([(c.name, c.type_oid, c.type_modifier) for c in info.columns], info.primary_key,
+        return _Shape([(c.name, c.type_oid, c.type_modifier) for c in info.columns], info.key,
                       self._converters)
 
     # --- slot --------------------------------------------------------------------------------
@@ -579,9 +599,10 @@ class PostgresSubscriber:
         """The shape and schema of a relation as the stream announced it (after DDL, say)."""
         self._doing = "reading a changed table definition"
         current = {c.name: c for c in self._columns(relation.oid)}
-        key = self._index_columns(relation.oid, "indisprimary")
+        primary_key, key = self._keys(relation.oid, relation.replica_identity)
         if not key:
             raise NoPrimaryKey(self.name, "the table no longer has a primary key")
+        self._check_key_fields(key, primary_key)
         columns = []
         for position, col in enumerate(relation.columns, start=1):
             known = current.get(col.name)

@@ -40,6 +40,24 @@ class UnknownFormat(ArchiveError):
     """A format id that no implementation is registered for."""
 
 
+class MissingKeyField(ArchiveError, ValueError):
+    """A row lacks one of the table's key fields, so it names no row.
+
+    Never folded under a `<nil>` key: every such row would collapse into one (a table keyed
+    `user_id` read with key fields `[id]` would keep one row). Callers add the table and position.
+    """
+
+    def __init__(self, field: str, key_fields: tuple[str, ...], where: str = "") -> None:
+        what = f"lacks key field {field!r} (key fields {list(key_fields)})"
+        super().__init__(f"{where} {what}" if where else what)
+        self.field = field
+        self.key_fields = key_fields
+
+    def at(self, where: str) -> MissingKeyField:
+        """The same error, saying which row: `where` is its subject ("INSERT at 0/16B3748: the new row")."""
+        return MissingKeyField(self.field, self.key_fields, where)
+
+
 class EncodeError(ArchiveError):
     """A value cannot be represented in a format (NaN, Infinity, an unsupported type).
 

@@ -12,9 +12,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from snapshot_assets.archive.errors import MissingKeyField
 from snapshot_assets.archive.gonum import go_v_float
 
 MANIFEST_NAME = "manifest.json"
+DEFAULT_KEY_FIELDS = ("id",)
+"""laredo's key fields when a table names none and its source reports none."""
 
 
 def san(position: str) -> str:
@@ -118,8 +121,17 @@ TypedKey = tuple[Any, ...]
 
 
 def typed_key(row: Mapping[str, Any], key_fields: Sequence[str]) -> TypedKey:
-    """The identity of a row for folding: its key values, canonicalised (exact integers)."""
-    return tuple(_canonical(row.get(f)) for f in key_fields)
+    """The identity of a row for folding: its key values, canonicalised (exact integers).
+
+    A row without one of the fields raises MissingKeyField: folding it under a `<nil>` key would
+    merge it with every other such row. A field present with a null value is a value (laredo's
+    `<nil>`); the change buffer refuses those at ingest (see `resources.buffer.segments.key_text`).
+    """
+    try:
+        return tuple(_canonical(row[f]) for f in key_fields)
+    except KeyError:
+        missing = next(f for f in key_fields if f not in row)
+        raise MissingKeyField(missing, tuple(key_fields)) from None
 
 
 def parse_key_string(key: str, n_fields: int) -> TypedKey:

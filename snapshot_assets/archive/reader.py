@@ -25,6 +25,7 @@ from snapshot_assets.archive.errors import (
     CorruptArtifact,
     ManifestNotFound,
     MissingArtifact,
+    MissingKeyField,
     PositionError,
     UnknownFormat,
 )
@@ -136,7 +137,7 @@ class ArchiveReader:
         key_prefix: str = "",
         *,
         formats: Sequence[str] | None = None,
-        key_fields: Sequence[str] = ("id",),
+        key_fields: Sequence[str] = keys.DEFAULT_KEY_FIELDS,
         cmp: Comparator = compare_lsn,
     ) -> None:
         if formats is not None:
@@ -203,12 +204,14 @@ class ArchiveReader:
         """Apply a plan to `state` (a fresh one when the plan has a snapshot)."""
         if p.snapshot is not None:
             state = FoldState(self.key_fields)
-            for row in self.iter_snapshot(p.snapshot):
-                state.put(row)
+            with _naming(p.snapshot):
+                for row in self.iter_snapshot(p.snapshot):
+                    state.put(row)
         if state is None:
             raise ValueError("a diff-only plan needs the consumer's current state")
         for art in p.diffs:
-            fold_diff(state, self.iter_diff(art))
+            with _naming(art):
+                fold_diff(state, self.iter_diff(art))
         return state
 
     def reconstruct_as_of(self, position: str | None = None, m: Manifest | None = None) -> Reconstruction | None:
@@ -228,6 +231,15 @@ def _is_marker(key: str) -> bool:
     """Spark's bookkeeping files inside a parquet folder (`_SUCCESS`, `.crc`) are not data."""
     name = key.rsplit("/", 1)[-1]
     return name.startswith(("_", ".")) or name.endswith(".crc")
+
+
+@contextlib.contextmanager
+def _naming(art: Artifact) -> Iterator[None]:
+    """Name the artifact whose row lacks a key field (wrong key fields for this archive, most often)."""
+    try:
+        yield
+    except MissingKeyField as e:
+        raise e.at(f"a row of {art.describe()}") from None
 
 
 def _guard(items: Iterator[_Item], art: Artifact) -> Iterator[_Item]:

@@ -30,6 +30,7 @@ from resources.destinations.factory import build_destination
 from resources.destinations.local import LocalDestination
 from resources.sinks.base import EventSink
 from resources.sinks.factory import build_sink
+from resources.subscribers.errors import KeyMismatch
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.manifest import Artifact, Manifest, utc_now
@@ -100,6 +101,24 @@ class TablePipeline:
     def buffer(self) -> BufferReader:
         return BufferReader(self.buffer_root, self.name)
 
+    @property
+    def key_fields(self) -> tuple[str, ...]:
+        """The columns that name this table's rows everywhere downstream: build, readers, checks.
+
+        The key the source reported, as the change buffer recorded it with the durable data. The
+        source checked configured `key_fields` against it at start, so a configured key that
+        differs here (edited after ingest) stops the build instead of re-keying half an archive.
+        With nothing ingested yet (a reader on a host without the buffer): the configured key,
+        else laredo's default.
+        """
+        schema = self.buffer().schema()
+        reported = schema.key_fields if schema is not None else ()
+        configured = self.cfg.key_fields
+        if reported and configured and reported != configured:
+            raise KeyMismatch(self.name, configured, reported, "key the source reported",
+                              "recorded in the change buffer; restart ingest after changing key_fields")
+        return reported or configured or keys.DEFAULT_KEY_FIELDS
+
     def manifest(self) -> Manifest:
         return current_manifest(read_copies(self.destinations, self.cfg.key_prefix), self.name)
 
@@ -127,7 +146,7 @@ class TablePipeline:
                 raise ValueError(f"{self.name}: the diff starts at {nxt.from_position}, the head is {m.head_position}")
             epoch = m.epoch
             segments = reader.segments(m.head_position, nxt.to_position)
-            built = build_diff(spark, segments, m.head_position, nxt.to_position, self.cfg.key_fields,
+            built = build_diff(spark, segments, m.head_position, nxt.to_position, self.key_fields,
                                self.cfg.diff_formats, self.staging)
         else:
             epoch = m.epoch + 1
@@ -138,7 +157,7 @@ class TablePipeline:
             base, segments = choose_base(reader, nxt.to_position, state=state,
                                          artifact=self._artifact_base(previous, download=state is None),
                                          cmp=self.cmp)
-            built = build_snapshot(spark, base, segments, nxt.to_position, self.cfg.key_fields,
+            built = build_snapshot(spark, base, segments, nxt.to_position, self.key_fields,
                                    self.cfg.snapshot_formats, self.staging, self.state_root / f"epoch={epoch}")
             shutil.rmtree(self.base_cache, ignore_errors=True)
         refs = assemble(built, self.destinations, self.cfg.key_prefix, epoch)

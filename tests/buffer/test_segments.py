@@ -185,6 +185,8 @@ def test_change_before_an_earlier_change_of_its_transaction_is_refused(tmp_path:
     ([SchemaEvent(SIMPLE_SCHEMA), TxEnd("")], BadEventOrder, "must carry a position"),
     ([SchemaEvent(SIMPLE_SCHEMA), TxEnd("nonsense")], BadEventOrder, "not a valid lsn position"),
     ([SchemaEvent(SIMPLE_SCHEMA), ChangeEvent(lsn(200), Action.DELETE, old={"v": 1})], BadChange,
+     "DELETE at 0/000000C8: the before-image lacks key field 'id'"),
+    ([SchemaEvent(SIMPLE_SCHEMA), ChangeEvent(lsn(200), Action.DELETE)], BadChange,
      "no before-image naming its key"),
     ([SchemaEvent(SIMPLE_SCHEMA), ChangeEvent(lsn(200), Action.INSERT)], BadChange, "has no new row"),
     ([SchemaEvent(SIMPLE_SCHEMA), insert(lsn(200), 1),

@@ -65,7 +65,8 @@ def test_laredo_single_table_form() -> None:
     cfg = parse_config(LAREDO_FULL, env={})
     (t,) = cfg.tables
     assert t.name == "public.config_document" and t.key_prefix == "config_document/"
-    assert t.diff_interval == dt.timedelta(seconds=30) and t.key_fields == ("id",)
+    # key_fields unset is recorded as unset: the source's key (laredo's [id] when it reports none).
+    assert t.diff_interval == dt.timedelta(seconds=30) and t.key_fields == ()
     p = t.policy
     assert (p.min_interval, p.max_interval) == (dt.timedelta(minutes=5), dt.timedelta(hours=6))
     assert (p.max_diff_bytes, p.max_diff_fraction, p.max_churn_records, p.max_churn_fraction) == (
@@ -140,6 +141,7 @@ BASE = 'snapshotter {{ source {{ server = s, table = t }}, destinations = [ {{ t
         ("credentials { r { type = assume_role } }", "snapshotter.credentials.r.role_arn", "is required"),
         ("credentials { r { type = magic } }", "snapshotter.credentials.r.type", "unknown value 'magic'"),
         ("retention.keep_epochs = -1", "snapshotter.retention.keep_epochs", "non-negative integer"),
+        ("key_fields = []", "snapshotter.key_fields", "lists no field (leave it out to use the source's key)"),
     ],
 )
 def test_bad_values_name_file_key_and_value(extra: str, path: str, message: str) -> None:
