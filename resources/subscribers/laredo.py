@@ -39,7 +39,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,7 +226,7 @@ class LaredoSubscriber:
 
     `filters`: column predicates (`{"field": "tenant_id", "equals": 42}`, `prefix`, `in`), applied
     by the server. `key_fields`: the configured key (empty: not configured), checked against the
-    key columns the server reports, and assumed when it reports none (`schema_from_handshake`).
+    key columns the server reports, and assumed when it reports none (`_keyed`).
     `sequence_fallback_after`: positionless entries before the sequence-derived fallback (see
     `laredo_sequencer`). `sequence_resume`: also resume by `last_known_sequence` when no position
     is known — sequences are per server instance, so enable it only when the URL always reaches
@@ -298,7 +298,7 @@ class LaredoSubscriber:
         if start is not None and parse_lsn(start) is None:
             raise SourceConfigError(self.name, f"start position {start!r} is not a WAL LSN")
         sequencer = Sequencer(self.name, start, fallback_after=self.sequence_fallback_after,
-                              check_row_count=not self.filters)
+                              check_row_count=not self.filters, schema_of=self.schema_from_columns)
         delay = self.backoff_initial
         after_goaway = False
         run = _Run(self._transport, self.stats)
@@ -398,18 +398,22 @@ class LaredoSubscriber:
         return SourceError(self.name, f"unexpected failure talking to {where}: {exc!r}")
 
     def schema_from_handshake(self, handshake: pb.SyncHandshake) -> TableSchema:
-        """The handshake's columns (kept when non-empty) with their key, checked against `key_fields`.
+        """The handshake's columns (kept when non-empty; else the last ones seen), keyed and checked."""
+        if handshake.columns:
+            return self.schema_from_columns(handshake.columns)
+        return self._keyed(self._schema or TableSchema(self.name, ()))
+
+    def schema_from_columns(self, columns: Iterable[pb.ColumnDefinition]) -> TableSchema:
+        """The schema of reported columns (a handshake, a schema change), keyed and checked."""
+        return self._keyed(schema_from_columns(self.name, columns))
+
+    def _keyed(self, schema: TableSchema) -> TableSchema:
+        """`schema` with its key checked against `key_fields`, or assumed when the server reports none.
 
         When the server reports key columns, they are the table's key and configured `key_fields`
         must equal them (KeyMismatch names both). When it reports none (laredo-server sends no
         columns), the configured `key_fields`, or laredo's default `[id]`, become the key.
         """
-        if handshake.columns:
-            schema = schema_from_columns(self.name, handshake.columns)
-        elif self._schema is not None:
-            schema = self._schema
-        else:
-            schema = TableSchema(self.name, ())
         reported = schema.key_fields
         if reported and self.key_fields and reported != self.key_fields:
             raise KeyMismatch(self.name, self.key_fields, reported, "primary key",

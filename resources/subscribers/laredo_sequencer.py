@@ -57,6 +57,8 @@ Resume and de-duplication
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from resources.proto.laredo.replication.v1 import replication_pb2 as pb
@@ -104,10 +106,13 @@ class _Snapshot:
 class Sequencer:
     """The laredo client's position state machine (see the module docstring)."""
 
-    def __init__(self, table: str, start: str | None, *, fallback_after: int, check_row_count: bool = True) -> None:
+    def __init__(self, table: str, start: str | None, *, fallback_after: int, check_row_count: bool = True,
+                 schema_of: Callable[[Iterable[pb.ColumnDefinition]], TableSchema] | None = None) -> None:
         if fallback_after < 1:
             raise ValueError("fallback_after must be at least 1")
         self.table = table
+        # How a schema change's columns become the table's schema (the subscriber checks its key).
+        self._schema_of = schema_of or functools.partial(schema_from_columns, table)
         self._fallback_after = fallback_after
         self._check_rows = check_row_count
         self._out: list[Event] = []
@@ -217,7 +222,7 @@ class Sequencer:
             self._entry(message.journal_entry)
         elif kind == "schema_change":
             if message.schema_change.new_columns:
-                self.schema(schema_from_columns(self.table, message.schema_change.new_columns))
+                self.schema(self._schema_of(message.schema_change.new_columns))
         elif kind == "heartbeat":
             self.heartbeat()
         elif kind == "handshake":

@@ -23,6 +23,7 @@ from resources.subscribers.errors import KeyMismatch
 from resources.subscribers.events import SchemaEvent
 from resources.subscribers.fanout_server import FanoutServer
 from resources.subscribers.laredo import LaredoSubscriber
+from resources.subscribers.laredo_sequencer import Sequencer
 from resources.subscribers.replication_wire import columns_to_proto
 from snapshot_assets.archive.changes import Action
 from tests.buffer.helpers import buffer_rows
@@ -111,3 +112,19 @@ def test_a_change_without_its_key_stops_ingest_and_nothing_of_it_is_buffered(
     rows = buffer_rows(tmp_path, "public.items")
     assert [r["key"] for r in rows if r["action"] != "SNAPSHOT"] == ["[100]"]  # not even id 101 of the bad tx
     assert sum(r["action"] == "SNAPSHOT" for r in rows) == 8
+
+
+def test_a_schema_change_is_keyed_and_checked_like_the_handshake() -> None:
+    subscriber = LaredoSubscriber("http://127.0.0.1:9", "public", "items", key_fields=["id"])
+    seq = Sequencer(subscriber.name, "0/50", fallback_after=100, schema_of=subscriber.schema_from_columns)
+    seq.begin_stream(by_position=True, by_sequence=False)
+    keyless = columns_to_proto(COLUMNS)
+    for c in keyless:
+        c.is_primary_key, c.primary_key_ordinal = False, 0
+    seq.message(pb.SyncResponse(schema_change=pb.SchemaChangeNotification(sequence=1, new_columns=keyless)))
+    (event,) = seq.take()
+    assert isinstance(event, SchemaEvent) and event.schema.key_fields == ("id",)  # completed, not key-less
+    rekeyed = columns_to_proto(COLUMNS)
+    rekeyed[0].is_primary_key, rekeyed[1].is_primary_key, rekeyed[1].primary_key_ordinal = False, True, 1
+    with pytest.raises(KeyMismatch, match=r"key_fields \[id\] do not match the primary key \[tenant\]"):
+        seq.message(pb.SyncResponse(schema_change=pb.SchemaChangeNotification(sequence=2, new_columns=rekeyed)))
