@@ -118,8 +118,17 @@ class TablePipeline:
         the delta of every committed diff after it (`LayeredBase`); whatever part of that chain is
         missing here (a lost working directory) is made up from the previous snapshot artifact and
         the buffer segments since it. A diff completes its row images against that base, a
-        snapshot applies the changes since the head to it.
+        snapshot applies the changes since the head to it. Nothing is committed here, so a failure
+        (an unfillable value among them, named with the table) leaves the archive as it was.
         """
+        from snapshot_assets.spark.images import UnfillableValue
+
+        try:
+            return self._build(spark, nxt)
+        except UnfillableValue as exc:
+            raise UnfillableValue(f"table {self.name}: {exc}") from exc
+
+    def _build(self, spark: Any, nxt: NextArtifact) -> BuildResult:
         from snapshot_assets.spark.assemble import assemble
         from snapshot_assets.spark.bases import FrameBase, choose_base
         from snapshot_assets.spark.diff import build_diff
