@@ -62,6 +62,7 @@ class SourceConfig:
     publication: str = ""
     create_slot: bool = True
     recreate_slot_on_loss: bool = False
+    unchanged_toast: str = "fill"
     generator: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -230,6 +231,9 @@ def _plain(value: Any) -> Any:
 # ---- the schema ---------------------------------------------------------------------------------
 
 SOURCE_TYPES = ("laredo", "postgres", "generator")
+# `source.unchanged_toast`: "fill" completes UPDATEs that omit unchanged TOASTed values from the
+# archive's own previous image of the row; "require-full" refuses tables that are not REPLICA IDENTITY FULL.
+UNCHANGED_TOAST_POLICIES = ("fill", "require-full")
 DESTINATION_KEYS = {"local": {"type", "path"},
                     "s3": {"type", "bucket", "prefix", "region", "endpoint_url", "path_style", "credentials",
                            "connect_timeout", "read_timeout", "max_attempts", "multipart_threshold"}}
@@ -255,6 +259,7 @@ def _source(s: _Section) -> SourceConfig:
         publication=s.string("publication"),
         create_slot=s.get("create_slot", parse_bool, True),
         recreate_slot_on_loss=s.get("recreate_slot_on_loss", parse_bool, False),
+        unchanged_toast=s.string("unchanged_toast", "fill", choices=UNCHANGED_TOAST_POLICIES),
         generator=s.sub("generator").plain() if s.has("generator") else {},
     )
     s.done()

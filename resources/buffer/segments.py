@@ -2,7 +2,7 @@
 
 A segment holds one transaction-aligned range `(from, to]` of one table's changes (kind `changes`)
 or one complete re-sync (kind `snapshot`, every row action `SNAPSHOT` at the re-sync's end
-position). Every row has the same seven columns (`SCHEMA`):
+position). Every row has the same eight columns (`SCHEMA`):
 
     seq          int64   strictly increasing over the table's whole buffer: the order Spark sorts by
     position     string  the change's own source position (never re-formatted)
@@ -13,6 +13,9 @@ position). Every row has the same seven columns (`SCHEMA`):
                          `old` has another key: explode it with `algebra.key_effects` semantics
     old, new     string  Go-compatible JSON (`gojson`) of the row images, null when absent
     commit_time  string  RFC 3339 (Go's format), null when the source gave none
+    unchanged    string  JSON array of the columns an UPDATE's `new` omits because they kept their
+                         value (unchanged TOASTed values under REPLICA IDENTITY DEFAULT), else null.
+                         Segments written before this column existed read it as null.
 
 Why the file describes itself: its Parquet key-value metadata carries its own index entry
 (`SegmentMeta`), the table name and the table schema, so the index can always be rebuilt from the
@@ -57,10 +60,11 @@ SCHEMA = pa.schema([
     pa.field("old", pa.string()),
     pa.field("new", pa.string()),
     pa.field("commit_time", pa.string()),
+    pa.field("unchanged", pa.string()),
 ])
 _POSITION_COLUMN = SCHEMA.get_field_index("position")
 
-RowTuple = tuple[int, str, str, str | None, str | None, str | None, str | None]
+RowTuple = tuple[int, str, str, str | None, str | None, str | None, str | None, str | None]
 """One buffer row in `SCHEMA` column order."""
 
 
@@ -124,14 +128,15 @@ def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tu
             if old_key != key:
                 touched.append(old_key)
     commit_time = None if event.commit_time is None else gojson.time_text(event.commit_time)
-    row = (seq, event.position, action.value, key, _row_text(old, key), _row_text(new, key), commit_time)
+    unchanged = gojson.dumps(list(event.unchanged)) if event.unchanged and action is Action.UPDATE else None
+    row = (seq, event.position, action.value, key, _row_text(old, key), _row_text(new, key), commit_time, unchanged)
     return row, touched
 
 
 def encode_snapshot_row(row: Row, seq: int, key_fields: Sequence[str], position: str, where: str) -> RowTuple:
     """A re-sync row; `position` is a placeholder until the re-sync's end position is known."""
     key = key_text(row, key_fields, where)
-    return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None)
+    return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None, None)
 
 
 def record_batch(rows: Sequence[RowTuple]) -> pa.RecordBatch:

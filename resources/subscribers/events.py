@@ -83,6 +83,10 @@ class ChangeEvent:
     new: Row | None = None
     commit_time: _dt.datetime | None = None
     sequence: int = 0  # the source's own ordinal (laredo journal sequence), 0 when it has none
+    # Columns of an UPDATE's `new` that the source did not resend because they kept their value
+    # (PostgreSQL's unchanged TOASTed values under REPLICA IDENTITY DEFAULT). `new` lacks them; the
+    # archive fills them from the row's previous image (snapshot_assets/spark/images.py).
+    unchanged: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,9 @@
 
 `type = laredo` (the default, laredo-snapshotter's own source), `postgres` (logical replication
 straight from the database) or `generator` (the embedded synthetic source). PostgreSQL tables are
-read with `unchanged_toast = "require-full"` by default: with REPLICA IDENTITY DEFAULT an UPDATE
-does not resend unchanged TOASTed values, and the pipeline refuses to archive rows it cannot know
-completely — `ALTER TABLE ... REPLICA IDENTITY FULL` makes them complete.
+read with `source.unchanged_toast` (default "fill"): with REPLICA IDENTITY DEFAULT an UPDATE does
+not resend unchanged TOASTed values, and the archive fills them from its own previous image of the
+row in the Spark build; "require-full" refuses such tables unless they are REPLICA IDENTITY FULL.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from resources.subscribers.events import Subscriber
 from snapshot_assets.config import SourceConfig, TableConfig
 
 _GENERATOR_KEYS = {"seed", "rows", "changes", "mix", "hot_keys", "hot_share", "tx_size", "pk_change",
-                   "resync_every", "rate", "start_lsn"}
+                   "resync_every", "rate", "start_lsn", "identity"}
 
 
 def _generator_args(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def build_subscriber(table: TableConfig) -> Subscriber:
                                   slot=slot_name(src),
                                   publication=src.publication or slot_name(src), create_slot=src.create_slot,
                                   recreate_slot_on_loss=src.recreate_slot_on_loss,
-                                  unchanged_toast="require-full")
+                                  unchanged_toast=src.unchanged_toast)
     if src.type == "laredo":
         from resources.subscribers.laredo import LaredoSubscriber
 

@@ -14,6 +14,12 @@ changes sharing one commit LSN (`%X/%08X`, strictly increasing), each followed b
 insert/update/delete/truncate `mix`; updates and deletes favour a hot subset of keys; a fraction
 of updates change the primary key; optionally a periodic full re-sync.
 
+`identity="default"` shapes the changes the way PostgreSQL sends them under REPLICA IDENTITY
+DEFAULT: a DELETE carries only the key columns, an UPDATE carries none of the old row (only the
+old key, when the key changed), and an UPDATE omits the "out-of-line" columns it left unchanged
+(`email`, `tags`, standing in for TOASTed values) and names them in `unchanged`. The model keeps
+the complete rows, so `table_at` stays the oracle.
+
 Positions are drawn from their own random stream, so the model knows the next position before
 generating the transaction at it: `table_at(P)` stops exactly at P without copying the table.
 """
@@ -53,6 +59,8 @@ _FIRST = ("Ada", "Grace", "Linus", "Zoë", "Søren", "Mary-Jane", "José", "Ōto
 _LAST = ("Lovelace", "Hopper", "O'Brien", "Müller", "<Admin>", "Smith & Co", "Nguyễn", "Tanaka", "Ng", "Brown")
 _TAGS = ("vip", "beta", "churn-risk", "trial", "emoji-🚀", "quote\"d", "new\nline", "a<b", "eu", "us")
 _INT64_MAX = 2**63 - 1
+_OUT_OF_LINE = ("email", "tags")  # what identity="default" treats as TOASTed values
+IDENTITIES = ("full", "default")
 
 
 def users_schema(table: str) -> TableSchema:
@@ -89,6 +97,7 @@ class _Config:
     pk_change: float
     resync_every: int
     start_lsn: int
+    identity: str
 
 
 class _Model:
@@ -195,7 +204,11 @@ class _Model:
 
     def _change(self, action: str, position: str, when: _dt.datetime) -> ChangeEvent:
         def event(kind: Action, old: Row | None = None, new: Row | None = None) -> ChangeEvent:
-            return ChangeEvent(position, kind, old=old, new=new, commit_time=when, sequence=self.emitted)
+            unchanged: tuple[str, ...] = ()
+            if self.cfg.identity == "default" and old is not None:
+                old, new, unchanged = _as_default_identity(kind, old, new)
+            return ChangeEvent(position, kind, old=old, new=new, commit_time=when, sequence=self.emitted,
+                               unchanged=unchanged)
 
         if action == "truncate":
             self.rows.clear()
@@ -231,6 +244,17 @@ class _Model:
         return self._rng.sample(_TAGS, self._rng.randint(0, 3))
 
 
+def _as_default_identity(kind: Action, old: Row, new: Row | None) -> tuple[Row | None, Row | None, tuple[str, ...]]:
+    """(old, new, unchanged) of a change as PostgreSQL sends it under REPLICA IDENTITY DEFAULT."""
+    key = {name: old[name] for name in KEY_FIELDS}
+    if new is None:
+        return key, None, ()
+    unchanged = tuple(c for c in _OUT_OF_LINE if new.get(c) is not None and new.get(c) == old.get(c))
+    sent = {name: value for name, value in new.items() if name not in unchanged}
+    moved = any(new[name] != old[name] for name in KEY_FIELDS)
+    return (key if moved else None), sent, unchanged
+
+
 class GeneratorSubscriber:
     """A `Subscriber` over the synthetic table. See the module docstring.
 
@@ -238,7 +262,8 @@ class GeneratorSubscriber:
     possible); `mix` weights insert/update/delete/truncate (truncate is off by default);
     `hot_keys` is the hot fraction of the table and `hot_share` the share of updates and deletes
     that go to it; `pk_change` the fraction of updates that change the primary key; `resync_every`
-    announces a full re-sync after every N transactions (0 = never).
+    announces a full re-sync after every N transactions (0 = never); `identity` is the replica
+    identity the changes are shaped for (see the module docstring).
     """
 
     ordering = "lsn"
@@ -246,7 +271,8 @@ class GeneratorSubscriber:
     def __init__(self, table: str = "public.users", *, seed: int = 0, rows: int = 1000,
                  changes: int | None = None, mix: Mapping[str, float] | None = None, hot_keys: float = 0.1,
                  hot_share: float = 0.5, tx_size: tuple[int, int] = (1, 5), pk_change: float = 0.02,
-                 resync_every: int = 0, rate: float | None = None, start_lsn: int = DEFAULT_START_LSN) -> None:
+                 resync_every: int = 0, rate: float | None = None, start_lsn: int = DEFAULT_START_LSN,
+                 identity: str = "full") -> None:
         weights = dict(DEFAULT_MIX if mix is None else mix)
         unknown = set(weights) - set(DEFAULT_MIX)
         if unknown or not any(weights.values()) or min(weights.values()) < 0:
@@ -255,11 +281,13 @@ class GeneratorSubscriber:
             raise ValueError(f"tx_size must be a range (min >= 1, min <= max), got {tx_size}")
         if rows < 0 or (changes is not None and changes < 0) or (rate is not None and rate <= 0):
             raise ValueError("rows and changes must be >= 0 and rate > 0")
+        if identity not in IDENTITIES:
+            raise ValueError(f"identity must be one of {list(IDENTITIES)}, got {identity!r}")
         self.table = table
         self.schema = users_schema(table)
         self.rate = rate
         self._cfg = _Config(seed, rows, changes, tuple((a, weights.get(a, 0.0)) for a in DEFAULT_MIX),
-                            hot_keys, hot_share, tx_size, pk_change, resync_every, start_lsn)
+                            hot_keys, hot_share, tx_size, pk_change, resync_every, start_lsn, identity)
         self.initial_position = format_lsn(start_lsn)
         self.acknowledged: str | None = None
         self._closed = threading.Event()

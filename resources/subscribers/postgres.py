@@ -30,9 +30,10 @@ What it guarantees, and how:
 - Unchanged TOASTed values. An UPDATE that leaves a large out-of-line value alone does not resend
   it. Under REPLICA IDENTITY FULL the old tuple carries it and the new row is completed here.
   Otherwise the value is unknown to the stream, and any lookup would be wrong (the row may have
-  changed since) or unbounded (a cache of every row). The event is then a `ToastedChangeEvent`
-  whose `new` lacks those columns and whose `unchanged` names them; `fill_unchanged` completes it
-  from the previous image of the row (the previous change of that key, or the snapshot). With
+  changed since) or unbounded (a cache of every row). The event's `new` then lacks those columns
+  and its `unchanged` names them; the archive fills them from its own previous image of the row
+  (the previous change of that key, or the state the build starts from: spark/images.py).
+  `fill_unchanged` is the same rule for one event, for single-process readers and tests. With
   `unchanged_toast="require-full"` the source refuses such tables at start instead.
 - Type fidelity: see `pgtypes`; the copy reads every column as its output text (no psycopg2 type
   casting) and the stream's text goes through the same converter, so both agree for every type.
@@ -52,6 +53,7 @@ refused; generated columns are not published by pgoutput and are not copied eith
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import re
 import select
@@ -91,8 +93,8 @@ from resources.subscribers.events import (
 )
 from snapshot_assets.archive.changes import Action, Row
 from snapshot_assets.archive.positions import format_lsn, parse_lsn
+from snapshot_assets.config import UNCHANGED_TOAST_POLICIES
 
-UnchangedToastPolicy = Literal["mark", "require-full"]
 Connection = Any  # a psycopg2 connection (the package ships no type information)
 
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -105,20 +107,10 @@ _PERMANENT_CONNECT_FAILURES: Final = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class ToastedChangeEvent(ChangeEvent):
-    """An UPDATE whose `new` lacks the unchanged TOASTed columns named in `unchanged`.
-
-    They kept their previous values; the stream cannot say which (REPLICA IDENTITY is not FULL).
-    The previous image is that of the old key (`old`, when the key changed) or of the new key.
-    """
-
-    unchanged: tuple[str, ...] = ()
-
-
 def fill_unchanged(event: ChangeEvent, previous: Row | None) -> ChangeEvent:
-    """Complete a `ToastedChangeEvent` from the previous image of its row; other events pass through."""
-    unchanged = getattr(event, "unchanged", ())
+    """Complete an UPDATE that omits unchanged columns from the previous image of its row (that of the
+    old key when the key changed); other events pass through."""
+    unchanged = event.unchanged
     if not unchanged:
         return event
     missing = [name for name in unchanged if previous is None or name not in previous]
@@ -127,8 +119,7 @@ def fill_unchanged(event: ChangeEvent, previous: Row | None) -> ChangeEvent:
                          "no previous image of the row holds them")
     new = dict(event.new)
     new.update({name: previous[name] for name in unchanged})
-    return ChangeEvent(position=event.position, action=event.action, old=event.old, new=new,
-                       commit_time=event.commit_time, sequence=event.sequence)
+    return dataclasses.replace(event, new=new, unchanged=())
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +224,7 @@ class PostgresSubscriber:
     def __init__(self, dsn: str, *, table: str, slot: str, publication: str, schema: str = "public",
                  create_slot: bool = True, recreate_slot_on_loss: bool = False,
                  status_interval: float = 10.0, batch_size: int = 5000,
-                 unchanged_toast: UnchangedToastPolicy = "mark", key_fields: Sequence[str] = ()) -> None:
+                 unchanged_toast: str = "fill", key_fields: Sequence[str] = ()) -> None:
         self.name = f"{schema}.{table}"
         if not _SLOT_NAME.match(slot):
             raise SourceConfigError(self.name, f"invalid replication slot name {slot!r}: use 1-63 "
@@ -242,7 +233,7 @@ class PostgresSubscriber:
             raise SourceConfigError(self.name, "status_interval must be at least 1 second")
         if batch_size < 1:
             raise SourceConfigError(self.name, "batch_size must be positive")
-        if unchanged_toast not in ("mark", "require-full"):
+        if unchanged_toast not in UNCHANGED_TOAST_POLICIES:
             raise SourceConfigError(self.name, f"unknown unchanged_toast policy {unchanged_toast!r}")
         self.dsn = dsn
         self.schema = schema
@@ -428,7 +419,7 @@ class PostgresSubscriber:
         if self.unchanged_toast == "require-full" and identity != "f" and toastable:
             raise SourceConfigError(self.name, f"columns {toastable} can be TOASTed and REPLICA IDENTITY "
                                     "is not FULL, so an UPDATE may omit their unchanged values; run "
-                                    "ALTER TABLE ... REPLICA IDENTITY FULL (or use unchanged_toast='mark')")
+                                    "ALTER TABLE ... REPLICA IDENTITY FULL (or use unchanged_toast = fill)")
 
     def _ensure_publication(self, info: _TableInfo) -> None:
         self._doing = "checking the publication"
@@ -711,10 +702,8 @@ class _StreamDecoder:
                unchanged: tuple[str, ...] = ()) -> ChangeEvent:
         tx = self._transaction()
         tx.changes += 1
-        if unchanged:
-            return ToastedChangeEvent(position=tx.position, action=action, old=old, new=new,
-                                      commit_time=tx.commit_time, unchanged=unchanged)
-        return ChangeEvent(position=tx.position, action=action, old=old, new=new, commit_time=tx.commit_time)
+        return ChangeEvent(position=tx.position, action=action, old=old, new=new, commit_time=tx.commit_time,
+                           unchanged=unchanged)
 
     def _old_row(self, kind: pgoutput.OldKind | None, values: pgoutput.TupleData | None) -> Row | None:
         """The old image: the key only ('K'), the whole row ('O'), or None when not sent."""

@@ -5,10 +5,11 @@ idempotent: object keys are deterministic, so re-running a step after a crash ov
 objects, and the manifest commit recognises an artifact it already holds.
 
 Local working state lives beside the buffer (`buffer.path`): `_state/<table>/epoch=N` (the STATE
-dataset of each snapshot, the fastest base for the next one), `_staging/<table>` (parts of the
-artifact being built), `_outbox/` (undelivered events), `_metrics/` (counters that outlive the run's
-process), `_base/<table>` (a previous snapshot downloaded from object storage, when no local STATE
-dataset or local destination can serve as the next snapshot's base).
+dataset of each snapshot) and `_state/<table>/deltas/epoch=N/<from>-<to>` (each diff's net changes:
+with them the state is current at every committed position, the base of the next diff and
+snapshot), `_staging/<table>` (parts of the artifact being built), `_outbox/` (undelivered events),
+`_metrics/` (counters that outlive the run's process), `_base/<table>` (a previous snapshot downloaded
+from object storage, when no local STATE dataset or local destination can serve as the next snapshot's base).
 
 S3 destinations and AWS sinks are signed as the credentials profile their spec names
 (resources/aws_credentials.py); every destination and sink is wrapped so its failures are counted.
@@ -130,34 +131,55 @@ class TablePipeline:
     # ---- building (Spark) ----------------------------------------------------------------------
 
     def build(self, spark: Any, nxt: NextArtifact) -> BuildResult:
-        """Build `nxt` with Spark and upload every format to every destination (not yet committed)."""
+        """Build `nxt` with Spark and upload every format to every destination (not yet committed).
+
+        Both kinds start from the table at the head: the STATE dataset of the epoch's snapshot plus
+        the delta of every committed diff after it (`LayeredBase`); whatever part of that chain is
+        missing here (a lost working directory) is made up from the previous snapshot artifact and
+        the buffer segments since it. A diff completes its row images against that base, a
+        snapshot applies the changes since the head to it. Nothing is committed here, so a failure
+        (an unfillable value among them, named with the table) leaves the archive as it was.
+        """
+        from snapshot_assets.spark.images import UnfillableValue
+
+        try:
+            return self._build(spark, nxt)
+        except UnfillableValue as exc:
+            raise UnfillableValue(f"table {self.name}: {exc}") from exc
+
+    def _build(self, spark: Any, nxt: NextArtifact) -> BuildResult:
         from snapshot_assets.spark.assemble import assemble
-        from snapshot_assets.spark.bases import StateBase, choose_base
+        from snapshot_assets.spark.bases import FrameBase, choose_base
         from snapshot_assets.spark.diff import build_diff
+        from snapshot_assets.spark.effects import default_partitions
         from snapshot_assets.spark.snapshot import build_snapshot
+        from snapshot_assets.spark.window import advance
 
         if nxt.kind not in ("snapshot", "diff") or nxt.to_position is None:
             raise ValueError(f"nothing to build for {self.name} ({nxt.kind})")
         m = self.manifest()
         reader = self.buffer()
         shutil.rmtree(self.staging, ignore_errors=True)
+        key_fields = self.key_fields
+        previous = m.latest_snapshot()
+        state = self._state_at_head(m)
+        artifact = self._artifact_base(previous, download=state is None)
         if nxt.kind == "diff":
-            if nxt.from_position != m.head_position:
+            if nxt.from_position != m.head_position or previous is None:
                 raise ValueError(f"{self.name}: the diff starts at {nxt.from_position}, the head is {m.head_position}")
             epoch = m.epoch
-            segments = reader.segments(m.head_position, nxt.to_position)
-            built = build_diff(spark, segments, m.head_position, nxt.to_position, self.key_fields,
-                               self.cfg.diff_formats, self.staging)
+            base, catch_up = choose_base(reader, m.head_position, state=state, artifact=artifact, cmp=self.cmp)
+            if catch_up:
+                table, _ = advance(spark, base, catch_up, key_fields,
+                                   partitions=default_partitions(spark), scratch=self.staging / "_catch_up")
+                base = FrameBase(table, m.head_position, base.describe())
+            built = build_diff(spark, reader.segments(m.head_position, nxt.to_position), base, nxt.to_position,
+                               key_fields, self.cfg.diff_formats, self.staging,
+                               self._delta_dir(epoch, m.head_position, nxt.to_position))
         else:
             epoch = m.epoch + 1
-            previous = m.latest_snapshot()
-            state = StateBase.load(self.state_root / f"epoch={previous.epoch}") if previous else None
-            if state is not None and previous is not None and state.position != previous.to_position:
-                state = None  # left by a snapshot attempt that was never committed: not the base
-            base, segments = choose_base(reader, nxt.to_position, state=state,
-                                         artifact=self._artifact_base(previous, download=state is None),
-                                         cmp=self.cmp)
-            built = build_snapshot(spark, base, segments, nxt.to_position, self.key_fields,
+            base, segments = choose_base(reader, nxt.to_position, state=state, artifact=artifact, cmp=self.cmp)
+            built = build_snapshot(spark, base, segments, nxt.to_position, key_fields,
                                    self.cfg.snapshot_formats, self.staging, self.state_root / f"epoch={epoch}")
             shutil.rmtree(self.base_cache, ignore_errors=True)
         refs = assemble(built, self.destinations, self.cfg.key_prefix, epoch)
@@ -167,6 +189,29 @@ class TablePipeline:
                        created_at=utc_now(), formats=refs, row_count=built.count if snap else 0,
                        change_count=0 if snap else built.count)
         return BuildResult(art, built.seconds, dict(built.details))
+
+    def _delta_dir(self, epoch: int, from_position: str, to_position: str) -> Path:
+        """Where the state's step for the diff (from, to] of `epoch` lives (one path per diff)."""
+        return self.state_root / "deltas" / f"epoch={epoch}" / f"{keys.san(from_position)}-{keys.san(to_position)}"
+
+    def _state_at_head(self, m: Manifest) -> Any:
+        """The newest snapshot's STATE dataset plus the deltas of the committed diffs after it, as far
+        as they are all here (a `LayeredBase`), or None when the snapshot's state itself is not."""
+        from snapshot_assets.spark.bases import DeltaSet, LayeredBase, StateBase
+
+        snap = m.latest_snapshot()
+        if snap is None:
+            return None
+        state = StateBase.load(self.state_root / f"epoch={snap.epoch}")
+        if state is None or state.position != snap.to_position:
+            return None  # left by a snapshot attempt that was never committed: not the base
+        deltas = []
+        for art in m.artifacts[m.artifacts.index(snap) + 1:]:
+            delta = DeltaSet.load(self._delta_dir(art.epoch, art.from_position or "", art.to_position))
+            if art.kind != "diff" or delta is None:
+                break
+            deltas.append(delta)
+        return LayeredBase(state, tuple(deltas))
 
     def _artifact_base(self, previous: Artifact | None, *, download: bool = False) -> Any:
         """The previous snapshot's objects as a Spark base: from a local destination, else (with
@@ -233,10 +278,10 @@ class TablePipeline:
         return True
 
     def _prune_state(self, m: Manifest) -> None:
-        """Keep only the STATE dataset of the newest snapshot (the next snapshot's base)."""
+        """Keep only the STATE dataset of the newest snapshot and the deltas of its epoch (the head)."""
         if not self.state_root.exists():
             return
-        for path in self.state_root.glob("epoch=*"):
+        for path in [*self.state_root.glob("epoch=*"), *self.state_root.glob("deltas/epoch=*")]:
             if path.name != f"epoch={m.epoch}":
                 shutil.rmtree(path, ignore_errors=True)
 

@@ -1,6 +1,11 @@
 """Where a snapshot starts from: the table state at some earlier position, as a (key, row) DataFrame.
 
 Sources, fastest first:
+  * `LayeredBase`: the STATE dataset of the epoch's snapshot plus the `DeltaSet` of every committed
+    diff after it: the table at the head, at every committed position, not only at snapshots. A
+    diff writes only the keys it touched (its net changes), so keeping the state current costs
+    what the diff costs; the next diff completes its row images from it and the next snapshot
+    starts from it.
   * `StateBase`: this project's internal STATE dataset, written by the previous snapshot run
     (Parquet, columns key = canonical JSON of the typed key, row = Go-JSON text). A plain columnar
     scan: no decoding, no re-keying.
@@ -10,6 +15,7 @@ Sources, fastest first:
   * `BufferSnapshotBase`: a SNAPSHOT segment of the change buffer: the source's initial load or a
     later re-sync, which resets the base (its rows already carry the canonical key).
   * `EmptyBase`: nothing (a table that starts empty).
+  * `FrameBase`: a table computed in this run (a base advanced by buffer changes, `window.advance`).
 `choose_base` picks one for a snapshot at `to_position` and the buffer segments that follow it.
 Paths are local paths or `file://` URIs (what a local runtime reads); see parts.py for clusters.
 """
@@ -37,9 +43,10 @@ from snapshot_assets.archive.errors import CorruptArtifact
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.keys import typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
-from snapshot_assets.spark.effects import STATE_DDL, encode_row, key_json
+from snapshot_assets.spark.effects import NET_DDL, STATE_DDL, encode_row, key_json
 
 STATE_MARKER = "_snapshotter_state.json"
+DELTA_MARKER = "_snapshotter_delta.json"
 _STATE_ARROW = pa.schema([("key", pa.string()), ("row", pa.string())])
 
 
@@ -110,6 +117,10 @@ class StateBase:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    @property
+    def snapshot_position(self) -> str:
+        return self.position
+
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
         if tuple(key_fields) != self.key_fields:
             raise ValueError(f"state at {self.path} is keyed by {list(self.key_fields)}, not {list(key_fields)}")
@@ -117,6 +128,104 @@ class StateBase:
 
     def describe(self) -> str:
         return f"state dataset {self.path} at {self.position} ({self.rows} rows)"
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaSet:
+    """One diff's step of the state: its net changes (NET_DDL; `new` null for a delete) on the
+    table at `from_position`, giving the table at `to_position`; `truncated`: the diff's TRUNCATE
+    wiped everything before it. Written by the diff job, read back by the next builds."""
+
+    path: str
+    from_position: str
+    to_position: str
+    truncated: bool
+
+    @classmethod
+    def load(cls, path: Path | str) -> DeltaSet | None:
+        """The delta at `path` if it is complete (its marker is written last), else None."""
+        try:
+            meta = json.loads((Path(path) / DELTA_MARKER).read_text())
+            return cls(str(path), str(meta["from_position"]), str(meta["to_position"]), bool(meta["truncated"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def frame(self, spark: SparkSession) -> DataFrame:
+        return spark.read.schema(NET_DDL).parquet(self.path)
+
+
+def _publish(frame: DataFrame, target: Path) -> None:
+    """Write `frame` as Parquet at `target` (replacing it) through a sibling temporary folder renamed
+    into place. Callers write their marker after this, so a crash never leaves a dataset whose
+    marker says complete."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    frame.write.mode("overwrite").parquet(str(tmp))
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+
+
+def write_delta(net: DataFrame, delta_dir: Path | str, from_position: str, to_position: str, truncated: bool,
+                key_fields: Sequence[str]) -> DeltaSet:
+    """Write a diff's net changes as the state's step from `from_position` to `to_position`."""
+    target = Path(delta_dir)
+    _publish(net, target)
+    marker = {"from_position": from_position, "to_position": to_position, "truncated": truncated,
+              "key_fields": list(key_fields), "version": 1}
+    (target / DELTA_MARKER).write_text(json.dumps(marker))
+    return DeltaSet(str(target), from_position, to_position, truncated)
+
+
+@dataclass(frozen=True, slots=True)
+class LayeredBase:
+    """A snapshot's STATE dataset plus the deltas of the diffs after it, in chain order."""
+
+    state: StateBase
+    deltas: tuple[DeltaSet, ...]
+
+    @property
+    def position(self) -> str:
+        return self.deltas[-1].to_position if self.deltas else self.state.position
+
+    @property
+    def snapshot_position(self) -> str:
+        return self.state.position
+
+    def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
+        """The state's rows where no delta touched the key, plus each touched key's latest image.
+
+        Only the deltas are grouped (they are as small as the diffs); the state is anti-joined
+        with their keys. A truncating delta drops the state and every delta before it.
+        """
+        if not self.deltas:
+            return self.state.frame(spark, key_fields)
+        cut = max((i for i, d in enumerate(self.deltas) if d.truncated), default=-1)
+        layers = self.deltas[max(cut, 0):]
+        steps = [d.frame(spark).selectExpr("key", "new AS row", f"{i} AS layer") for i, d in enumerate(layers)]
+        stacked = functools.reduce(DataFrame.unionByName, steps)
+        latest = stacked.groupBy("key").agg({"layer": "max"}).withColumnRenamed("max(layer)", "layer")
+        latest = stacked.join(latest, ["key", "layer"], "left_semi").select("key", "row")
+        start = self.state.frame(spark, key_fields) if cut < 0 else spark.createDataFrame([], STATE_DDL)
+        return start.join(latest.select("key"), "key", "left_anti").unionByName(latest.filter("row IS NOT NULL"))
+
+    def describe(self) -> str:
+        return f"{self.state.describe()} + {len(self.deltas)} diff delta(s) to {self.position}"
+
+
+@dataclass(frozen=True, slots=True)
+class FrameBase:
+    """A table state computed in this run (e.g. a base advanced to a diff's `from`)."""
+
+    table: DataFrame
+    position: str
+    origin: str
+
+    def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
+        return self.table
+
+    def describe(self) -> str:
+        return f"{self.origin} advanced to {self.position}"
 
 
 def _jsonl_lines(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[Any]:
@@ -197,17 +306,18 @@ class BufferSnapshotBase:
 # --- choosing -----------------------------------------------------------------------------------
 
 
-def choose_base(buffer: BufferView, to_position: str, *, state: StateBase | None = None,
+def choose_base(buffer: BufferView, to_position: str, *, state: StateBase | LayeredBase | None = None,
                 artifact: ArtifactBase | None = None,
                 cmp: Comparator = compare_lsn) -> tuple[Base, list[SegmentRef]]:
-    """The base of a snapshot at `to_position` and the change segments after it.
+    """The base of a build that must reach `to_position`, and the change segments after it.
 
     A re-sync newer than the previous snapshot resets the base (the first snapshot always comes
-    from the initial load). Otherwise the previous snapshot: its STATE dataset when it is at the
-    same position as the artifact (or there is no artifact), else the artifact itself.
+    from the initial load). Otherwise the previous snapshot: its STATE dataset (with the deltas
+    of the diffs after it, a `LayeredBase`) when it belongs to the artifact's snapshot (or there
+    is no artifact), else the artifact itself.
     """
-    previous: StateBase | ArtifactBase | None = artifact
-    if state is not None and (artifact is None or state.position == artifact.position):
+    previous: StateBase | LayeredBase | ArtifactBase | None = artifact
+    if state is not None and (artifact is None or state.snapshot_position == artifact.position):
         previous = state
     resync = buffer.latest_resync()
     base: Base
@@ -235,19 +345,12 @@ def choose_base(buffer: BufferView, to_position: str, *, state: StateBase | None
 def write_state(state: DataFrame, state_dir: Path | str, position: str, key_fields: Sequence[str]) -> StateBase:
     """Write the STATE dataset to `state_dir` (replacing it) and return it as the next run's base.
 
-    Spark writes into a sibling temporary folder which is renamed into place; the marker (position,
-    row count, key fields) is written last, so a crash leaves no dataset that `StateBase.load`
-    accepts. The row count is an aggregate over the written files (the table is never collected).
+    The row count is an aggregate over the written files (the table is never collected); it goes
+    into the marker, which is written last.
     """
     target = Path(state_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-    state.write.mode("overwrite").parquet(str(tmp))
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(tmp, target)
-    spark = state.sparkSession
-    rows = int(spark.read.schema(STATE_DDL).parquet(str(target)).count())
+    _publish(state, target)
+    rows = int(state.sparkSession.read.schema(STATE_DDL).parquet(str(target)).count())
     marker = {"position": position, "rows": rows, "key_fields": list(key_fields), "version": 1}
     (target / STATE_MARKER).write_text(json.dumps(marker))
     return StateBase(str(target), position, rows, tuple(key_fields))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -36,17 +37,27 @@ from snapshot_assets.archive.changes import Change, Row
 from snapshot_assets.archive.keys import TypedKey, laredo_row_key, row_key
 
 BUFFER_DDL = ("seq BIGINT, position STRING, action STRING, key STRING, old STRING, new STRING, "
-              "commit_time STRING")
-EFFECT_DDL = "key STRING, seq BIGINT, existed BOOLEAN, before STRING, after STRING, source_key STRING"
+              "commit_time STRING, unchanged STRING")
+# An effect row. `stage` 1 is an effect of a change; stage 0 rows are images the resolution step
+# (images.py) puts in front of them: the key's row in the base (seq -1) or the image a primary-key
+# change carries over from its old key (at the change's seq). `missing` lists the columns `after`
+# still lacks (unchanged TOASTed values), `link` names the other key of a primary-key change, and
+# `needs_base` says the effect cannot be completed from the window alone.
+EFFECT_DDL = ("key STRING, seq BIGINT, stage INT, existed BOOLEAN, before STRING, after STRING, source_key STRING, "
+              "missing STRING, link STRING, needs_base BOOLEAN")
 NET_DDL = "key STRING, action STRING, change_key STRING, old STRING, new STRING"
 STATE_DDL = "key STRING, row STRING"
 
-_EFFECT_ARROW = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("existed", pa.bool_()),
-                           ("before", pa.string()), ("after", pa.string()), ("source_key", pa.string())])
+_EFFECT_ARROW = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("stage", pa.int32()),
+                           ("existed", pa.bool_()), ("before", pa.string()), ("after", pa.string()),
+                           ("source_key", pa.string()), ("missing", pa.string()), ("link", pa.string()),
+                           ("needs_base", pa.bool_())])
 _NET_ARROW = pa.schema([("key", pa.string()), ("action", pa.string()), ("change_key", pa.string()),
                         ("old", pa.string()), ("new", pa.string())])
 
-EffectRow = tuple[str | None, int, bool | None, str | None, str | None, str | None]
+EffectRow = tuple[str | None, int, int, bool | None, str | None, str | None, str | None, str | None, str | None,
+                  bool]
+CHANGE_STAGE = 1
 
 
 def key_json(key: TypedKey) -> str:
@@ -91,8 +102,14 @@ def buffer_change(action: str, key: str | None, old: str | None, new: str | None
 
 
 def change_effects(seq: int, change: Change, old_text: str | None, new_text: str | None,
-                   key_fields: Sequence[str]) -> list[EffectRow]:
-    """`algebra.key_effects` of one change as effect rows; images keep their original text."""
+                   key_fields: Sequence[str], unchanged: Sequence[str] = ()) -> list[EffectRow]:
+    """`algebra.key_effects` of one change as effect rows; images keep their original text.
+
+    `unchanged` names the columns the change's `new` omits (they kept their value): the effect
+    whose `after` is that image carries them as `missing`. An effect needs the key's base row when
+    it claims the key existed but its before-image is partial (PostgreSQL's default replica
+    identity sends only the key columns, or nothing), or when its `after` misses columns.
+    """
 
     def text(image: Row | None) -> str | None:
         if image is None:
@@ -103,8 +120,27 @@ def change_effects(seq: int, change: Change, old_text: str | None, new_text: str
             return new_text
         return encode_row(image, key_fields)
 
-    return [(key_json(e.key), seq, e.existed, text(e.before), text(e.after), gojson.valid_text(e.source_key))
-            for e in key_effects(change, key_fields)]
+    effects = key_effects(change, key_fields)
+    moved = len(effects) == 2  # a primary-key change: delete the old key, insert the new one
+    missing = gojson.dumps(list(unchanged)) if unchanged else None
+    rows: list[EffectRow] = []
+    for i, e in enumerate(effects):
+        gaps = missing if e.after is not None and e.after is change.new else None
+        link = key_json(effects[1 - i].key) if moved else None
+        needs_base = bool(gaps and not moved) or (e.existed and partial_image(e.before, key_fields))
+        rows.append((key_json(e.key), seq, CHANGE_STAGE, e.existed, text(e.before), text(e.after),
+                     gojson.valid_text(e.source_key), gaps, link, needs_base))
+    return rows
+
+
+def truncate_effect(seq: int) -> EffectRow:
+    """The effect row of a TRUNCATE (no key): readers of archived diffs order it by seq."""
+    return (None, seq, CHANGE_STAGE, None, None, None, None, None, None, False)
+
+
+def partial_image(image: Row | None, key_fields: Sequence[str]) -> bool:
+    """True when a before-image is absent or holds no more than the key columns (a key-only image)."""
+    return image is None or set(image) <= set(key_fields)
 
 
 def effect_batch(rows: Sequence[EffectRow]) -> Any:
@@ -117,10 +153,11 @@ def effect_batch(rows: Sequence[EffectRow]) -> Any:
 def _explode_batches(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[Any]:
     for batch in batches:
         rows: list[EffectRow] = []
-        columns = [batch.column(name).to_pylist() for name in ("seq", "action", "key", "old", "new")]
-        for seq, action, key, old, new in zip(*columns, strict=True):
+        columns = [batch.column(name).to_pylist() for name in ("seq", "action", "key", "old", "new", "unchanged")]
+        for seq, action, key, old, new, unchanged in zip(*columns, strict=True):
             change = buffer_change(action, key, old, new, key_fields)
-            rows.extend(change_effects(seq, change, old, new, key_fields))
+            gaps = gojson.loads(unchanged) if unchanged else ()
+            rows.extend(change_effects(seq, change, old, new, key_fields, gaps))
         yield effect_batch(rows)
 
 
@@ -177,7 +214,7 @@ def explode(changes: DataFrame, key_fields: Sequence[str], *, spread: int | None
     would leave the Python work of the explode on one core. Moving raw rows is cheap next to it.
     """
     func = functools.partial(_explode_batches, key_fields=tuple(key_fields))
-    rows = changes.select("seq", "action", "key", "old", "new")
+    rows = changes.select("seq", "action", "key", "old", "new", "unchanged")
     if spread:
         rows = rows.repartition(spread)
     return rows.mapInArrow(func, EFFECT_DDL)
@@ -189,8 +226,14 @@ def spread_for(segments: Sequence[SegmentRef], partitions: int) -> int | None:
 
 
 def group_by_key(effects: DataFrame, partitions: int) -> DataFrame:
-    """Each key's effects in one partition, adjacent and in source order."""
-    return effects.repartition(partitions, "key").sortWithinPartitions("key", "seq")
+    """Each key's effects in one partition, adjacent and in source order (images before effects)."""
+    return effects.repartition(partitions, "key").sortWithinPartitions("key", "seq", "stage")
+
+
+def materialize(frame: DataFrame, path: Path, ddl: str) -> DataFrame:
+    """Write `frame` once and read it back, so the steps after it never recompute it."""
+    frame.write.mode("overwrite").parquet(str(path))
+    return frame.sparkSession.read.schema(ddl).parquet(str(path))
 
 
 # --- the fold --------------------------------------------------------------------------------------

@@ -153,6 +153,29 @@ def encode_snapshot_parts(state: DataFrame, staging_dir: Path | str, formats: Se
     return list(state.select("row").mapInArrow(func, PART_DDL).collect())
 
 
+# --- net changes -> diff parts --------------------------------------------------------------------
+
+
+def _changes(batches: Iterable[Any]) -> Iterator[Change]:
+    for batch in batches:
+        columns = [batch.column(name).to_pylist() for name in ("action", "change_key", "old", "new")]
+        for action, key, old, new in zip(*columns, strict=True):
+            yield Change(Change.parse_action(action), key, decode_row(old), decode_row(new))
+
+
+def _diff_task(batches: Iterable[Any], staging_dir: str, formats: tuple[str, ...], key_fields: tuple[str, ...],
+               offset: int) -> Iterator[Any]:
+    return write_items(_changes(batches), staging_dir, formats, task_index(offset), "diff", key_fields)
+
+
+def encode_diff_parts(net: DataFrame, staging_dir: Path | str, formats: Sequence[str], key_fields: Sequence[str],
+                      *, first_part: int) -> list[Any]:
+    """Encode net changes (NET_DDL rows) as diff parts numbered from `first_part`; the collected part rows."""
+    func = functools.partial(_diff_task, staging_dir=str(staging_dir), formats=tuple(formats),
+                             key_fields=tuple(key_fields), offset=first_part)
+    return list(net.select("action", "change_key", "old", "new").mapInArrow(func, PART_DDL).collect())
+
+
 # --- the driver's view ------------------------------------------------------------------------------
 
 

@@ -50,6 +50,7 @@ from snapshot_assets.spark.effects import (
     default_partitions,
     effect_batch,
     net_changes,
+    truncate_effect,
 )
 from snapshot_assets.spark.parts import collect_parts, encode_snapshot_parts
 
@@ -97,7 +98,7 @@ def _diff_task(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[
                     for change in fmt.read_diff(src):
                         ordinal += 1
                         if change.action is Action.TRUNCATE:
-                            rows.append((None, start, None, None, None, None))  # applies first: seq = diff start
+                            rows.append(truncate_effect(start))  # applies first: seq = diff start
                         else:
                             rows.extend(change_effects(start + ordinal, change, None, None, key_fields))
                         if len(rows) >= 4096:

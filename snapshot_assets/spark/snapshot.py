@@ -4,9 +4,9 @@ What runs where:
   driver  picks nothing big: `bases.choose_base` names the base and the buffer segments; one
           aggregate finds the window's last TRUNCATE (which drops the base); it collects the
           tasks' part reports and the row count (an aggregate), never a row.
-  tasks   explode and fold the changes by key (`effects`), anti-join them against the base (Spark's
-          join), write the new STATE dataset (Spark's Parquet writer), then re-read it and encode
-          every snapshot format into part files (`parts.encode_snapshot_parts`).
+  tasks   explode, complete and fold the changes by key (`window.advance`), anti-join them against
+          the base (Spark's join), write the new STATE dataset (Spark's Parquet writer), then re-read
+          it and encode every snapshot format into part files (`parts.encode_snapshot_parts`).
 
 The STATE dataset written here is the next snapshot's base (`bases.StateBase`), the fast path:
 a columnar scan instead of decoding a jsonl artifact. The snapshot parts are encoded from the
@@ -24,16 +24,9 @@ from pyspark.sql import SparkSession
 
 from resources.buffer.reader import SegmentRef
 from snapshot_assets.spark.bases import Base, StateBase, write_state
-from snapshot_assets.spark.effects import (
-    apply_net,
-    default_partitions,
-    effective_window,
-    explode,
-    net_changes,
-    read_window,
-    spread_for,
-)
+from snapshot_assets.spark.effects import default_partitions
 from snapshot_assets.spark.parts import BuiltArtifact, collect_parts, encode_snapshot_parts, prepare_staging
+from snapshot_assets.spark.window import advance
 
 log = logging.getLogger(__name__)
 
@@ -52,26 +45,17 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
     fields, fmts = tuple(key_fields), tuple(formats)
     staging = prepare_staging(staging_dir, fmts)
     width = partitions or default_partitions(spark)
-    window = effective_window(read_window(spark, segments))
-    if segments:
-        effects = explode(window.changes, fields, spread=spread_for(segments, width))
-        net = net_changes(effects, fields, truncated=window.truncated, partitions=width)
-        previous = base.frame(spark, fields)
-        if window.truncated:
-            previous = previous.limit(0)  # the TRUNCATE wiped the base
-        table = apply_net(previous, net)
-    else:
-        table = base.frame(spark, fields)
+    table, truncated = advance(spark, base, segments, fields, partitions=width, scratch=staging / "_work")
     state = write_state(table, state_dir, to_position, fields)
     reports = encode_snapshot_parts(spark.read.schema("key STRING, row STRING").parquet(state.path), staging,
                                     fmts, fields)
     staged, rows = collect_parts(reports, fmts)
     if rows != state.rows:
         raise RuntimeError(f"snapshot parts hold {rows} rows but the state dataset {state.rows}")
-    built = BuiltArtifact("snapshot", None, to_position, rows, staged, window.truncated, time.monotonic() - started,
+    built = BuiltArtifact("snapshot", None, to_position, rows, staged, truncated, time.monotonic() - started,
                           {"state": state, "base": base.describe(), "segments": len(segments)})
     log.info("snapshot at %s from %s + %d segments%s: %d rows in %.2fs", to_position, base.describe(),
-             len(segments), " (TRUNCATE drops the base)" if window.truncated else "", rows, built.seconds)
+             len(segments), " (TRUNCATE drops the base)" if truncated else "", rows, built.seconds)
     return built
 
 

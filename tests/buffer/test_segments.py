@@ -231,5 +231,5 @@ def test_empty_positions_belong_to_the_next_boundary(tmp_path: Path) -> None:
 def test_record_batch_schema_matches_parquet_columns() -> None:
     from resources.buffer.segments import record_batch
 
-    batch = record_batch([(1, "0/1", "INSERT", "[1]", None, '{"id":1}', None)])
+    batch = record_batch([(1, "0/1", "INSERT", "[1]", None, '{"id":1}', None, None)])
     assert batch.schema.equals(SCHEMA) and isinstance(batch, pa.RecordBatch)

@@ -142,6 +142,7 @@ BASE = 'snapshotter {{ source {{ server = s, table = t }}, destinations = [ {{ t
         ("credentials { r { type = magic } }", "snapshotter.credentials.r.type", "unknown value 'magic'"),
         ("retention.keep_epochs = -1", "snapshotter.retention.keep_epochs", "non-negative integer"),
         ("key_fields = []", "snapshotter.key_fields", "lists no field (leave it out to use the source's key)"),
+        ("source.unchanged_toast = mark", "snapshotter.source.unchanged_toast", "unknown value 'mark'"),
     ],
 )
 def test_bad_values_name_file_key_and_value(extra: str, path: str, message: str) -> None:
@@ -150,6 +151,14 @@ def test_bad_values_name_file_key_and_value(extra: str, path: str, message: str)
     text = str(err.value)
     assert text.startswith(f"snap.conf: {path}: "), text
     assert message in text
+
+
+def test_unchanged_toast_defaults_to_fill() -> None:
+    """Tables as users have them (REPLICA IDENTITY DEFAULT) are archived without asking for FULL."""
+    table = parse_config(BASE.format(""), env={}).tables[0]
+    assert table.source.unchanged_toast == "fill"
+    strict = parse_config(BASE.format("source.unchanged_toast = require-full"), env={}).tables[0]
+    assert strict.source.unchanged_toast == "require-full"
 
 
 @pytest.mark.parametrize(

@@ -4,11 +4,16 @@ A first run archives the freshly created table (the initial load); then each rou
 workload of transactions on a private PostgreSQL cluster (tests/pg), then the real command
 (`snapshotter run --once --config FILE`, the console script next to this Python, in a subprocess:
 logical replication into the change buffer, the re-base policy, Spark, the manifest commit); a
-last run with nothing new at the source writes nothing. The table has REPLICA IDENTITY FULL (its
-large text column is TOASTable, which the pipeline's source policy requires), a bigint key with
-values beyond 2^53, and bigint, numeric, jsonb, timestamptz, bytea and text columns with NULLs;
-the workload inserts, updates (some leaving the TOASTed column alone), changes primary keys,
-deletes, and TRUNCATEs once mid-round (inside a diff's window).
+last run with nothing new at the source writes nothing. The table is as users have it: REPLICA
+IDENTITY DEFAULT (or USING INDEX on the primary key), a bigint key with values beyond 2^53, and
+bigint, numeric, jsonb, timestamptz, bytea and text columns with NULLs, where the text, jsonb and
+bytea values are often larger than 8 kB of random (incompressible) bytes, so PostgreSQL stores
+them out of line and an UPDATE that leaves them alone does not resend them; the archive fills them
+from its own previous images. The workload inserts, updates (most leaving the large values alone),
+changes primary keys of such rows, deletes them, and TRUNCATEs once mid-round (inside a diff's
+window). In some rounds a `run --once` is killed with SIGKILL at a random moment first, and the
+next one must carry on from whatever it left; once the working state (snapshot STATE + diff
+deltas) is deleted, and the next run must rebuild the base from the archive and the buffer.
 
 The oracle. Inside every workload transaction the LAST statement before COMMIT reads
 `pg_current_wal_insert_lsn()` (B_i), and a Python model keeps the table state S_i after it. With a
@@ -21,8 +26,9 @@ the round; epochs and the head only grow across rounds; for EVERY artifact bound
 and diff `to_position`) the archive rebuilt at that position equals the source table at that
 position, in jsonl, protobuf and parquet each (protobuf carries integers beyond ±2^53 as decimal
 strings, its documented mapping); and every diff, applied on its own epoch's snapshot, gives the
-source table at its end (a diff that a later snapshot supersedes is checked too). By the end the
-policy (max_churn_records) has re-based at least once.
+source table at its end (a diff that a later snapshot supersedes is checked too); and every `old`
+image in every diff is the complete row as of the diff's `from` (under the default identity the
+source sends only the key). By the end the policy (max_churn_records) has re-based at least once.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import base64
 import datetime as dt
 import json
 import random
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -67,6 +75,10 @@ KEY: Final = ("id",)
 FORMATS: Final = ("jsonl", "protobuf", "parquet")
 RUN_TIMEOUT_S: Final = 240.0
 MAX_SAFE_INT: Final = 2**53
+LARGE: Final = 8_192  # bytes; values beyond it, random so they do not compress, live out of line
+KILL_ROUNDS: Final = (2, 4)  # rounds whose first run is killed with SIGKILL at a random moment
+LOST_STATE_ROUND: Final = 3  # the working state is deleted first: the run rebuilds it from the archive + buffer
+_LARGE_COLUMNS: Final = ("doc", "blob", "note")
 
 _COLUMNS: Final = (("big", "bigint", ""), ("amount", "numeric", "::numeric"), ("doc", "jsonb", "::jsonb"),
                    ("at", "timestamptz", "::timestamptz"), ("blob", "bytea", ""), ("label", "text", ""),
@@ -103,10 +115,16 @@ class Values:
             digits = "-" + digits
         return digits, digits  # numeric without typmod prints exactly these digits
 
+    def large_hex(self) -> str:
+        """Random bytes as hex, larger than `LARGE`: incompressible, so stored out of line (TOAST)."""
+        return self.rng.randbytes(self.rng.randint(LARGE // 2 + 64, LARGE)).hex()
+
     def doc(self) -> tuple[Any, Any]:
         value = {"n": self.rng.choice((self.rng.randint(-1000, 1000), 2**70 + 3, -(2**53) - 1)),
                  "s": self.text(8), "f": round(self.rng.uniform(-100, 100), 3), "ok": self.rng.random() < 0.5,
                  "list": [None, self.rng.randint(0, 9), {"deep": self.text(4)}]}
+        if self.rng.random() < 0.5:
+            value["payload"] = self.large_hex()
         return json.dumps(value), value
 
     def at(self) -> tuple[Any, Any]:
@@ -117,7 +135,7 @@ class Values:
         return text + "+00", text.replace(" ", "T") + "Z"
 
     def blob(self) -> tuple[Any, Any]:
-        value = self.rng.randbytes(self.rng.randint(0, 32))
+        value = self.rng.randbytes(self.rng.choice((self.rng.randint(0, 32), self.rng.randint(LARGE + 1, 2 * LARGE))))
         return value, base64.b64encode(value).decode("ascii")
 
     def label(self) -> tuple[Any, Any]:
@@ -125,8 +143,7 @@ class Values:
         return value, value
 
     def note(self) -> tuple[Any, Any]:
-        # > 2 KB and SET STORAGE EXTERNAL: stored out of line (TOAST), unsent by updates that leave it alone.
-        value = self.rng.randbytes(self.rng.randint(1_200, 2_400)).hex()
+        value = self.large_hex()
         return value, value
 
     def column(self, name: str) -> tuple[Any, Any]:
@@ -173,8 +190,9 @@ class History:
 class Workload:
     """Random transactions on one connection, each applied to the model and bounded by B_i."""
 
-    def __init__(self, conn: psycopg2.extensions.connection, seed: int) -> None:
+    def __init__(self, conn: psycopg2.extensions.connection, seed: int, identity: str) -> None:
         self.conn = conn
+        self.identity = identity
         self.rng = random.Random(seed)
         self.values = Values(self.rng)
         self.history = History()
@@ -205,11 +223,13 @@ class Workload:
     def _update(self, cur: Any, state: State, *, new_key: bool = False) -> None:
         key = self.rng.choice(list(state))
         old = state[key]
-        chosen = self.rng.sample([n for n in _NAMES if n != "note"], self.rng.randint(0 if new_key else 1, 3))
-        if self.rng.random() < 0.3:
-            chosen.append("note")
-        elif old["note"] is not None:
-            self.toast_untouched += 1
+        small = [n for n in _NAMES if n not in _LARGE_COLUMNS]
+        chosen = self.rng.sample(small, self.rng.randint(0 if new_key else 1, 3))
+        for name in _LARGE_COLUMNS:
+            if self.rng.random() < 0.15:
+                chosen.append(name)
+            elif old[name] is not None:
+                self.toast_untouched += 1
         sets = {name: self.values.column(name) for name in chosen}
         assignments = [sql.SQL("{} = %s" + _CAST[n]).format(sql.Identifier(n)) for n in sets]
         params: list[Any] = [p for p, _ in sets.values()]
@@ -246,8 +266,9 @@ class Workload:
         def create(cur: Any, state: State) -> None:
             columns = sql.SQL(", ").join(sql.SQL(f"{{}} {kind}").format(sql.Identifier(n)) for n, kind, _ in _COLUMNS)
             cur.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, {})").format(self.table, columns))
-            cur.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN note SET STORAGE EXTERNAL").format(self.table))
-            cur.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(self.table))
+            if self.identity == "index":
+                cur.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY USING INDEX {}").format(
+                    self.table, sql.Identifier(f"{TABLE}_pkey")))
             for _ in range(INITIAL_ROWS):
                 self._insert(cur, state)
 
@@ -388,13 +409,28 @@ def run_once(config: Path, work: Path, log: Path) -> str:
     return out
 
 
-def check_archive(archive: Archive, history: History) -> Manifest:
-    """Every assertion that must hold after a round; returns the manifest checked."""
+def killed_run(config: Path, work: Path, log: Path, rng: random.Random) -> float:
+    """Start `run --once` and SIGKILL it at a random moment (ingest, Spark build, upload or commit)."""
+    command = [str(Path(sys.executable).with_name("snapshotter")), "run", "--once", "--config", str(config)]
+    delay = rng.uniform(1.0, 12.0)
+    with log.open("ab") as err:
+        proc = subprocess.Popen(command, cwd=work, env=e2e_env(), stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            proc.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    return delay
+
+
+def check_archive(archive: Archive, history: History, *, complete: bool = True) -> Manifest:
+    """Every assertion that must hold after a round (after a killed run: all but the head covering
+    the round); returns the manifest checked."""
     manifest = archive.reader().load_manifest()
     manifest.validate(compare_lsn)
     assert manifest.artifacts and manifest.artifacts[0].is_snapshot
     assert all(sorted(a.formats) == sorted(FORMATS) for a in manifest.artifacts), "an artifact lacks a format"
-    assert history.index_at(manifest.head_position) == len(history.states) - 1, (
+    assert not complete or history.index_at(manifest.head_position) == len(history.states) - 1, (
         f"head {manifest.head_position} does not cover the round's last transaction")
     boundaries = list(dict.fromkeys(a.to_position for a in manifest.artifacts))
     for fid in FORMATS:
@@ -416,10 +452,20 @@ def check_archive(archive: Archive, history: History) -> Manifest:
             state = reader.fold(ReplayPlan(snapshot, tuple(diffs), art.to_position))
             problem = first_difference(as_state(list(state.rows())), history.at(art.to_position), fid)
             assert problem is None, f"{fid}, epoch {art.epoch} chain to {art.to_position}: {problem}"
+            check_old_images(reader, art, history, fid)
     return manifest
 
 
-def test_postgres_rounds(pg_cluster: PgCluster, workdir: Path) -> None:
+def check_old_images(reader: ArchiveReader, diff: Artifact, history: History, fid: str) -> None:
+    """Every `old` of a diff is the complete row as of its `from` (not the key-only image the source sent)."""
+    olds = [c.old for c in reader.iter_diff(diff) if c.old is not None]
+    start = history.at(diff.from_position or "")
+    problem = first_difference(as_state(olds), {typed_key(o, KEY): start[typed_key(o, KEY)] for o in olds}, fid)
+    assert problem is None, f"{fid}, diff to {diff.to_position}: an old image is not the row at its from: {problem}"
+
+
+@pytest.mark.parametrize("identity", ["default", "index"])
+def test_postgres_rounds(pg_cluster: PgCluster, workdir: Path, identity: str) -> None:
     started = time.monotonic()
     config = workdir / "snapshotter.conf"
     write_config(config, pg_cluster.dsn(), workdir)
@@ -429,7 +475,9 @@ def test_postgres_rounds(pg_cluster: PgCluster, workdir: Path) -> None:
 
     conn = pg_cluster.connect()
     conn.autocommit = False
-    workload = Workload(conn, SEED)
+    workload = Workload(conn, SEED, identity)
+    killer = random.Random(SEED + 1)
+    kills: list[float] = []
     epochs: list[int] = []
     heads: list[str] = []
     outputs: list[str] = []
@@ -439,6 +487,11 @@ def test_postgres_rounds(pg_cluster: PgCluster, workdir: Path) -> None:
             if number:
                 workload.round(number)
             assert workload.table_now() == workload.model, f"round {number}: the model drifted from the table"
+            if number == LOST_STATE_ROUND:
+                shutil.rmtree(workdir / "buffer" / "_state")
+            if number in KILL_ROUNDS:
+                kills.append(killed_run(config, workdir, log, killer))
+                check_archive(archive, workload.history, complete=False)
             outputs.append(run_once(config, workdir, log))
             manifest = check_archive(archive, workload.history)
             if heads:
@@ -469,5 +522,6 @@ def test_postgres_rounds(pg_cluster: PgCluster, workdir: Path) -> None:
     assert any(not a.is_snapshot and history.index_at(a.from_position or "") < workload.truncate_index
                <= history.index_at(a.to_position) for a in final.artifacts), "no diff holds the TRUNCATE"
     print("".join(outputs))
-    print(f"{ROUNDS} rounds, {len(workload.history.states) - 1} transactions, epochs {epochs}, "
-          f"{len(final.artifacts)} artifacts, {time.monotonic() - started:.0f}s")
+    print(f"{identity}: {ROUNDS} rounds, {len(workload.history.states) - 1} transactions, epochs {epochs}, "
+          f"{len(final.artifacts)} artifacts, runs killed after {[round(k, 1) for k in kills]} s, "
+          f"{workload.toast_untouched} updates left large values alone, {time.monotonic() - started:.0f}s")

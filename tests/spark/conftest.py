@@ -54,10 +54,11 @@ class Generated:
 
 def generate(root: Path, seed: int, *, rows: int = 150, changes: int = 1500, truncate: float = 0.0,
              pk_change: float = 0.08, resync_every: int = 0, seal_changes: int = 200,
-             tx_size: tuple[int, int] = (1, 8)) -> Generated:
+             tx_size: tuple[int, int] = (1, 8), identity: str = "full") -> Generated:
     mix = {"insert": 0.3, "update": 0.5, "delete": 0.15, "truncate": truncate}
     gen = GeneratorSubscriber(TABLE, seed=seed, rows=rows, changes=changes, mix=mix, pk_change=pk_change,
-                              resync_every=resync_every, tx_size=tx_size, hot_keys=0.2, hot_share=0.6)
+                              resync_every=resync_every, tx_size=tx_size, hot_keys=0.2, hot_share=0.6,
+                              identity=identity)
     boundaries: list[str] = []
     resyncs: list[str] = []
     with ChangeBuffer(root, TABLE, seal_interval=3600.0, seal_changes=seal_changes) as buffer:

@@ -12,6 +12,7 @@ from resources.subscribers.generator import KEY_FIELDS
 from snapshot_assets.archive.algebra import collapse
 from snapshot_assets.archive.changes import Action, Change
 from snapshot_assets.archive.formats import FORMATS
+from snapshot_assets.spark.bases import EmptyBase
 from snapshot_assets.spark.diff import build_diff
 from tests.spark.conftest import (
     ALL_FORMATS,
@@ -33,8 +34,8 @@ def decode(format_id: str, data: bytes) -> list[Change]:
 def check_diff(spark: Any, g: Generated, from_position: str, to_position: str, staging: Path) -> bool:
     """Build the diff with Spark and compare it with collapse; returns whether it had a TRUNCATE."""
     expected = collapse(window_changes(g.reader, from_position, to_position), KEY_FIELDS)
-    built = build_diff(spark, g.reader.segments(from_position, to_position), from_position, to_position,
-                       KEY_FIELDS, ALL_FORMATS, staging)
+    built = build_diff(spark, g.reader.segments(from_position, to_position), EmptyBase(from_position), to_position,
+                       KEY_FIELDS, ALL_FORMATS, staging, staging / "delta")
     assert built.count == len(expected)
     truncated = bool(expected) and expected[0].action is Action.TRUNCATE
     assert built.truncated == truncated
@@ -79,11 +80,12 @@ def test_pk_changes_collapse_across_keys(spark: Any, tmp_path: Path) -> None:
 
 
 def test_empty_window_stages_nothing(spark: Any, tmp_path: Path) -> None:
-    built = build_diff(spark, [], "0/10", "0/20", KEY_FIELDS, ALL_FORMATS, tmp_path / "staging")
+    built = build_diff(spark, [], EmptyBase("0/10"), "0/20", KEY_FIELDS, ALL_FORMATS, tmp_path / "staging",
+                       tmp_path / "delta")
     assert built.count == 0 and not built.truncated
     assert all(not s.parts and s.bytes == 0 for s in built.formats.values())
 
 
 def test_diff_rejects_a_degenerate_window(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="two different"):
-        build_diff(spark, [], "0/10", "0/10", KEY_FIELDS, ALL_FORMATS, tmp_path)
+        build_diff(spark, [], EmptyBase("0/10"), "0/10", KEY_FIELDS, ALL_FORMATS, tmp_path, tmp_path / "delta")

@@ -15,7 +15,7 @@ from snapshot_assets.archive.positions import format_lsn, parse_lsn
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.writer import ManifestStore
 from snapshot_assets.spark.assemble import assemble
-from snapshot_assets.spark.bases import StateBase, choose_base
+from snapshot_assets.spark.bases import EmptyBase, StateBase, choose_base
 from snapshot_assets.spark.diff import build_diff
 from snapshot_assets.spark.parts import BuiltArtifact, StagedFormat
 from snapshot_assets.spark.reconstruct import reconstruct_to_path
@@ -51,7 +51,8 @@ def archive(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Gener
                                         work / "state" / "epoch=1"), dest, 1)
     truncated = []
     for i, (lo, hi) in enumerate([(cuts[0], cuts[1]), (cuts[1], cuts[2])]):
-        diff = build_diff(spark, g.reader.segments(lo, hi), lo, hi, KEY_FIELDS, ALL_FORMATS, work / f"d{i}")
+        diff = build_diff(spark, g.reader.segments(lo, hi), EmptyBase(lo), hi, KEY_FIELDS, ALL_FORMATS, work / f"d{i}",
+                          work / f"delta{i}")
         truncated.append(diff.truncated)
         m = commit(store, m, diff, dest, 1)
     assert any(truncated), "the seed should put a TRUNCATE into an epoch-1 diff"
@@ -61,8 +62,8 @@ def archive(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Gener
     assert base == state
     m = commit(store, m, build_snapshot(spark, base, segments, cuts[3], KEY_FIELDS, ALL_FORMATS, work / "st1",
                                         work / "state" / "epoch=2"), dest, 2)
-    m = commit(store, m, build_diff(spark, g.reader.segments(cuts[3], cuts[4]), cuts[3], cuts[4], KEY_FIELDS,
-                                    ALL_FORMATS, work / "d2"), dest, 2)
+    m = commit(store, m, build_diff(spark, g.reader.segments(cuts[3], cuts[4]), EmptyBase(cuts[3]), cuts[4],
+                                    KEY_FIELDS, ALL_FORMATS, work / "d2", work / "delta2"), dest, 2)
     assert m.head_position == cuts[4] and not m.problems()
     return g, dest, cuts
 

@@ -16,6 +16,7 @@ from snapshot_assets.archive.algebra import collapse
 from snapshot_assets.config import SparkConfig
 from snapshot_assets.spark import connect_server
 from snapshot_assets.spark import session as session_module
+from snapshot_assets.spark.bases import EmptyBase
 from snapshot_assets.spark.connect_server import (
     ConnectServerError,
     local_server_info,
@@ -58,8 +59,8 @@ def test_local_connect_server_end_to_end(tmp_path: Path) -> None:
         assert cold.mode == "connect-local" and cold.is_connect and "started" in cold.note
         g = generate(tmp_path / "buffer", 71, truncate=0.005, changes=800)
         lo, hi = g.boundaries[3], g.boundaries[-1]
-        built = build_diff(cold.spark, g.reader.segments(lo, hi), lo, hi, KEY_FIELDS, ALL_FORMATS,
-                           tmp_path / "staging")
+        built = build_diff(cold.spark, g.reader.segments(lo, hi), EmptyBase(lo), hi, KEY_FIELDS, ALL_FORMATS,
+                           tmp_path / "staging", tmp_path / "delta")
         expected = collapse(window_changes(g.reader, lo, hi), KEY_FIELDS)
         assert change_multiset(read_parts(built.formats["jsonl"], "diff")) == change_multiset(expected)
         cold.stop()
