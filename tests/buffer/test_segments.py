@@ -48,12 +48,25 @@ def test_segments_are_parquet_with_the_documented_schema(tmp_path: Path) -> None
     changes = pq.read_table(refs[1].path).to_pylist()
     assert changes == [
         {"seq": 3, "position": lsn(200), "action": "UPDATE", "key": "[1]", "old": '{"id":1,"v":"a"}',
-         "new": '{"id":1,"v":"é"}', "commit_time": "2024-05-06T07:08:09.12Z"},
+         "new": '{"id":1,"v":"é"}', "commit_time": "2024-05-06T07:08:09.12Z", "unchanged": None},
         {"seq": 4, "position": lsn(200), "action": "DELETE", "key": f"[{BIG}]",
-         "old": f'{{"id":{BIG},"v":"\\u003cb\\u003e"}}', "new": None, "commit_time": None},
+         "old": f'{{"id":{BIG},"v":"\\u003cb\\u003e"}}', "new": None, "commit_time": None, "unchanged": None},
         {"seq": 5, "position": lsn(200), "action": "TRUNCATE", "key": None, "old": None, "new": None,
-         "commit_time": None},
+         "commit_time": None, "unchanged": None},
     ]
+
+
+def test_an_update_that_omits_unchanged_values_names_them(tmp_path: Path) -> None:
+    """REPLICA IDENTITY DEFAULT: `new` lacks the unchanged TOASTed columns; the row names them."""
+    with open_buffer(tmp_path) as buf:
+        for event in initial_load(SIMPLE_SCHEMA, lsn(100), [{"id": 1, "v": "a"}]):
+            buf.append(event)
+        buf.append(ChangeEvent(lsn(200), Action.UPDATE, new={"id": 1}, unchanged=("v",)))
+        buf.append(TxEnd(lsn(200)))
+        buf.seal()
+        refs = buf.all_segments()
+    (row,) = pq.read_table(refs[1].path).to_pylist()
+    assert (row["old"], row["new"], row["unchanged"]) == (None, '{"id":1}', '["v"]')
 
 
 def test_segment_metadata_describes_the_segment(tmp_path: Path) -> None:
