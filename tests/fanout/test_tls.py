@@ -215,3 +215,15 @@ def test_fanout_config_tls_section(pki: dict[str, Any]) -> None:
         FanoutConfig.from_mapping({"source": {"table": "items"}, "fanout": {"tls": {**spec, "ca_file": "x"}}})
     with pytest.raises(ValueError, match="needs cert_file and key_file"):
         FanoutConfig.from_mapping({"source": {"table": "items"}, "fanout": {"tls": {"cert_file": server.cert_file}}})
+
+
+def test_a_tls_url_without_settings_verifies_against_the_system_cas(pki: dict[str, Any], serve: Serve,
+                                                                    protocol: str) -> None:
+    server = serve(ServerTls(pki["server"].cert_file, pki["server"].key_file))
+    subscriber = LaredoSubscriber(server.url, "public", "items", protocol=protocol, backoff_initial=0.05,
+                                  backoff_max=0.05)
+    client = Collector(subscriber)
+    try:
+        _tls_failure(client, "the system CAs", "check source.tls.ca_file")
+    finally:
+        client.stop()
