@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -227,3 +228,15 @@ def test_a_tls_url_without_settings_verifies_against_the_system_cas(pki: dict[st
         _tls_failure(client, "the system CAs", "check source.tls.ca_file")
     finally:
         client.stop()
+
+
+def test_a_tls_client_that_goes_away_frees_its_slot(pki: dict[str, Any], serve: Serve, connect: Connect) -> None:
+    server = serve(ServerTls(pki["server"].cert_file, pki["server"].key_file))
+    client = connect(server.url, ClientTls(ca_file=pki["server_ca"].ca_file))
+    client.wait(_rows(len(ROWS)))
+    assert server.stats()["clients"] == 1
+    client.stop()
+    deadline = time.monotonic() + 10.0
+    while server.stats()["clients"] != 0:  # noticed while idle: heartbeats every 0.2s, no writes needed
+        assert time.monotonic() < deadline, "the server still holds the session of a client that left"
+        time.sleep(0.05)
