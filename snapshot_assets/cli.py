@@ -19,7 +19,7 @@ import dagster as dg
 
 from resources.destinations.base import Destination, DestinationError
 from resources.destinations.factory import build_destination, location_spec
-from resources.subscribers.tls import ServerTls
+from resources.subscribers.tls import ServerTls, TlsError
 from snapshot_assets.archive.errors import ArchiveError
 from snapshot_assets.archive.gojson import marshal
 from snapshot_assets.archive.inspect import render_manifest
@@ -229,9 +229,10 @@ def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
 def _server_tls(args: argparse.Namespace) -> ServerTls | None:
     if not (args.tls_cert or args.tls_key or args.tls_client_ca):
         return None
-    if not (args.tls_cert and args.tls_key):
-        raise CliError("--tls-cert and --tls-key go together (and --tls-client-ca needs both)")
-    return ServerTls(args.tls_cert, args.tls_key, args.tls_client_ca or "")
+    try:
+        return ServerTls(args.tls_cert or "", args.tls_key or "", args.tls_client_ca or "")
+    except TlsError as exc:
+        raise CliError(f"{exc}: pass --tls-cert and --tls-key") from None
 
 
 def _pipelines(args: argparse.Namespace) -> list[TablePipeline]:

@@ -51,7 +51,7 @@ from resources.subscribers.connect_framing import (
 from resources.subscribers.events import Subscriber
 from resources.subscribers.fanout_core import Alive, FanoutCore
 from resources.subscribers.replication_wire import DEFAULT_PORT, SERVICE, SYNC_METHOD, SYNC_PATH, Code, StatusError
-from resources.subscribers.tls import ServerTls
+from resources.subscribers.tls import ServerTls, TlsError
 
 log = logging.getLogger(__name__)
 
@@ -420,12 +420,13 @@ class FanoutConfig:
 def _server_tls(spec: Mapping[str, Any] | None) -> ServerTls | None:
     if not spec:
         return None
-    unknown = sorted(set(spec) - {"cert_file", "key_file", "client_ca_file"})
+    unknown = sorted(set(spec) - set(ServerTls.KEYS))
     if unknown:
-        raise ValueError(f"fanout.tls: unknown key {unknown[0]!r}; known: cert_file, key_file, client_ca_file")
-    if not spec.get("cert_file") or not spec.get("key_file"):
-        raise ValueError("fanout.tls needs cert_file and key_file")
-    return ServerTls(str(spec["cert_file"]), str(spec["key_file"]), str(spec.get("client_ca_file") or ""))
+        raise ValueError(f"fanout.tls: unknown key {unknown[0]!r}; known: {', '.join(ServerTls.KEYS)}")
+    try:
+        return ServerTls(**{key: str(spec.get(key) or "") for key in ServerTls.KEYS})
+    except TlsError as exc:
+        raise ValueError(f"fanout.tls: {exc}") from None
 
 
 def serve(config: FanoutConfig | Mapping[str, Any], subscriber: Subscriber | None = None,

@@ -101,7 +101,7 @@ class ConnectStream:
             # handshake: the alert arrives with the response.
             response = self._conn.getresponse()
         except OSError as exc:
-            failure = self._tls_error(exc)
+            failure = exc if self._closed.is_set() else self._tls_error(exc)
             if failure is exc:
                 raise
             raise failure from None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,13 +57,6 @@ class ClientTls:
     def __post_init__(self) -> None:
         if bool(self.cert_file) != bool(self.key_file):
             raise TlsError("cert_file and key_file go together (mutual TLS needs both the certificate and its key)")
-
-    @classmethod
-    def from_mapping(cls, spec: Mapping[str, Any]) -> ClientTls:
-        unknown = sorted(set(spec) - set(cls.KEYS))
-        if unknown:
-            raise TlsError(f"unknown key {unknown[0]!r}; known: {', '.join(cls.KEYS)}")
-        return cls(**{k: str(v) for k, v in spec.items()})
 
     def ssl_context(self) -> ssl.SSLContext:
         """A client context that verifies the server (hostname included) against `ca_file`."""
@@ -191,6 +183,12 @@ class ServerTls:
     cert_file: str
     key_file: str
     client_ca_file: str = ""
+
+    KEYS = ("cert_file", "key_file", "client_ca_file")
+
+    def __post_init__(self) -> None:
+        if not self.cert_file or not self.key_file:
+            raise TlsError("serving TLS needs a certificate and its key (cert_file and key_file)")
 
     def ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
