@@ -208,18 +208,59 @@ def fold(table: dict[str, dict[str, Any]], changes: Sequence[Change]) -> None:
             table[key] = new
 
 
-def reconstruct(root: Path, prefix: str, format_id: str, key_fields: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """The table laredo's reader rebuilds at the head of the local archive at `root`; the head must
-    be reached (a diff that does not chain would be skipped by laredo, and hide a broken archive)."""
+def _lsn(position: str) -> int:
+    high, low = position.split("/")
+    return int(high, 16) << 32 | int(low, 16)
+
+
+def reconstruct(root: Path, prefix: str, format_id: str, key_fields: Sequence[str],
+                at: str | None = None) -> dict[str, dict[str, Any]]:
+    """The table laredo's reader rebuilds from the local archive at `root`: at the head, or as of
+    `at` (the newest snapshot at or before it, then the diffs chained from it that end at or
+    before it). The position reached must be `at` (or the head): a diff that did not chain would be
+    skipped by laredo, and hide a broken archive."""
     manifest = json.loads((root / prefix / "manifest.json").read_text())
     artifacts = manifest["artifacts"]
-    snap_index = max(i for i, a in enumerate(artifacts) if a["kind"] == "snapshot")
+    bound = _lsn(at) if at is not None else None
+    snap_index = max(i for i, a in enumerate(artifacts)
+                     if a["kind"] == "snapshot" and (bound is None or _lsn(a["to_position"]) <= bound))
     snap = artifacts[snap_index]
     table = {row_key(r, key_fields): r for r in snapshot_rows(format_id, object_path(root, prefix, snap, format_id))}
     position = snap["to_position"]
     for art in artifacts[snap_index + 1:]:
+        if bound is not None and _lsn(art["to_position"]) > bound:
+            break
         if art["kind"] == "diff" and art["from_position"] == position:
             fold(table, diff_changes(format_id, object_path(root, prefix, art, format_id)))
             position = art["to_position"]
-    assert position == manifest["head_position"], f"the diff chain stops at {position}"
+    assert position == (at if at is not None else manifest["head_position"]), f"the diff chain stops at {position}"
     return table
+
+
+def as_read(format_id: str, row: Mapping[str, Any]) -> dict[str, Any]:
+    """A source row as laredo's reader of `format_id` decodes it (spec sections 4 and 5): jsonl
+    numbers are float64; protobuf Struct numbers too, except integers beyond 2^53, which this
+    project writes as decimal strings; parquet keeps the typed values."""
+    if format_id == "jsonl":
+        return dict(json_any(json.dumps(row)))
+    if format_id == "protobuf":
+        return {k: _struct_number(v) for k, v in row.items()}
+    return dict(row)
+
+
+def _struct_number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return [_struct_number(v) for v in value] if isinstance(value, list) else value
+    if isinstance(value, int) and abs(value) > 2**53:
+        return str(value)
+    return float(value)
+
+
+def expected_table(format_id: str, rows: Iterator[Mapping[str, Any]] | Sequence[Mapping[str, Any]],
+                   key_fields: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """What laredo's reader of `format_id` must rebuild for a source table holding `rows`."""
+    out = {}
+    for row in rows:
+        view = as_read(format_id, row)
+        out[row_key(view, key_fields)] = view
+    return out
