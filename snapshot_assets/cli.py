@@ -19,6 +19,7 @@ import dagster as dg
 
 from resources.destinations.base import Destination, DestinationError
 from resources.destinations.factory import build_destination, location_spec
+from resources.subscribers.tls import ServerTls, TlsError
 from snapshot_assets.archive.errors import ArchiveError, MissingKeyField
 from snapshot_assets.archive.gojson import marshal
 from snapshot_assets.archive.inspect import render_manifest
@@ -104,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     fan.add_argument("--port", type=int, default=4002, help="Connect protocol over HTTP/1.1 (0: off)")
     fan.add_argument("--grpc-port", type=int, default=0, help="also serve gRPC over HTTP/2 on this port")
     fan.add_argument("--journal-size", type=int, default=10_000)
+    fan.add_argument("--tls-cert", help="serve over TLS with this certificate (PEM; with --tls-key)")
+    fan.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
+    fan.add_argument("--tls-client-ca", help="mutual TLS: require client certificates signed by this CA (PEM)")
     return parser
 
 
@@ -221,9 +225,18 @@ def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
     table = config.table(args.table) if args.table else config.tables[0]
     fanout = FanoutConfig(schema=table.source.schema, table=table.source.table, host=args.host,
                           port=args.port, connect=args.port > 0, grpc_port=args.grpc_port,
-                          journal_size=args.journal_size)
+                          journal_size=args.journal_size, tls=_server_tls(args))
     serve(fanout, build_subscriber(table))
     return 0
+
+
+def _server_tls(args: argparse.Namespace) -> ServerTls | None:
+    if not (args.tls_cert or args.tls_key or args.tls_client_ca):
+        return None
+    try:
+        return ServerTls(args.tls_cert or "", args.tls_key or "", args.tls_client_ca or "")
+    except TlsError as exc:
+        raise CliError(f"{exc}: pass --tls-cert and --tls-key") from None
 
 
 def _pipelines(args: argparse.Namespace) -> list[TablePipeline]:

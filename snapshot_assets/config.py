@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from pyhocon import ConfigFactory, ConfigTree
 from pyhocon.exceptions import ConfigException
 
+from resources.subscribers.tls import ClientTls, TlsError
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import default_key_prefix
 from snapshot_assets.archive.policy import Policy
@@ -64,6 +65,7 @@ class SourceConfig:
     recreate_slot_on_loss: bool = False
     unchanged_toast: str = "fill"
     generator: Mapping[str, Any] = field(default_factory=dict)
+    tls: ClientTls | None = None  # laredo sources: TLS to the server (laredo serves gRPC only over TLS)
 
     @property
     def qualified_table(self) -> str:
@@ -261,9 +263,23 @@ def _source(s: _Section) -> SourceConfig:
         recreate_slot_on_loss=s.get("recreate_slot_on_loss", parse_bool, False),
         unchanged_toast=s.string("unchanged_toast", "fill", choices=UNCHANGED_TOAST_POLICIES),
         generator=s.sub("generator").plain() if s.has("generator") else {},
+        tls=_tls(s.sub("tls")) if s.has("tls") else None,
     )
+    if src.tls is not None and kind != "laredo":
+        raise ConfigError(s.file, s.at("tls"), f"TLS settings apply to a laredo source, not a {kind} source")
     s.done()
     return src
+
+
+def _tls(s: _Section) -> ClientTls:
+    """`source.tls { ca_file, cert_file, key_file, server_name }`; the files are read when the source
+    connects (the host that loads the configuration may not be the one that runs the source)."""
+    values = {key: s.string(key) for key in ClientTls.KEYS}
+    s.done()
+    try:
+        return ClientTls(**values)
+    except TlsError as exc:
+        raise ConfigError(s.file, s.path, str(exc)) from None
 
 
 def _policy(s: _Section, diff_interval: _dt.timedelta) -> Policy:

@@ -56,5 +56,5 @@ def build_subscriber(table: TableConfig) -> Subscriber:
         url = src.server if "://" in src.server else f"http://{src.server}"
         return LaredoSubscriber(url, src.schema, src.table, protocol=src.protocol,
                                 client_id=src.client_id or f"snapshotter-{src.qualified_table}",
-                                key_fields=table.key_fields)
+                                key_fields=table.key_fields, tls=src.tls)
     raise ValueError(f"unknown source type {src.type!r}")

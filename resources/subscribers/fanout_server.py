@@ -10,6 +10,9 @@ journal, sessions) is `fanout_core.FanoutCore`; this module only carries its mes
   stream is idle (the socket turns readable at EOF), so its slot is freed without waiting for
   a write to fail.
 - gRPC: a grpcio server with a generic handler for the same method path.
+- TLS (`ServerTls`) on either: the server's certificate and key, and optionally the CA its clients'
+  certificates must be signed by (mutual TLS); laredo-server serves gRPC only over TLS, so this is
+  also how the client's TLS is tested.
 
 Listeners take any `SyncHandler` (`(request, alive) -> Iterator[SyncResponse]`, raising
 `StatusError`), which is how the tests put scripted protocol scenarios on both transports.
@@ -26,6 +29,7 @@ import logging
 import select
 import signal
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +51,7 @@ from resources.subscribers.connect_framing import (
 from resources.subscribers.events import Subscriber
 from resources.subscribers.fanout_core import Alive, FanoutCore
 from resources.subscribers.replication_wire import DEFAULT_PORT, SERVICE, SYNC_METHOD, SYNC_PATH, Code, StatusError
+from resources.subscribers.tls import ServerTls, TlsError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,7 @@ class Listener(Protocol):
     protocol: str
     host: str
     port: int
+    secure: bool
 
     def stop(self, grace: float = 0.0) -> None: ...
 
@@ -69,12 +75,31 @@ class Listener(Protocol):
 
 
 class _ConnectHTTPServer(ThreadingHTTPServer):
+    """With `context`, every accepted connection is TLS; its handshake runs in the connection's own
+    thread (not in the accept loop, where one slow or hostile client would stall every other)."""
+
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], handler: SyncHandler) -> None:
+    def __init__(self, address: tuple[str, int], handler: SyncHandler, context: ssl.SSLContext | None) -> None:
         self.sync_handler = handler
+        self.context = context
         super().__init__(address, _ConnectRequestHandler)
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, address = super().get_request()
+        if self.context is None:
+            return sock, address
+        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if isinstance(request, ssl.SSLSocket):
+            try:
+                request.do_handshake()
+            except (ssl.SSLError, OSError) as exc:
+                log.info("connect client %s: TLS handshake failed: %s", client_address[0], exc)
+                return
+        super().finish_request(request, client_address)
 
 
 class _ConnectRequestHandler(BaseHTTPRequestHandler):
@@ -128,9 +153,10 @@ class _ConnectRequestHandler(BaseHTTPRequestHandler):
         return request
 
     def _alive(self) -> bool:
+        # Peek at the raw socket, under TLS too (an SSLSocket refuses recv flags): EOF is EOF.
         try:
             readable, _, _ = select.select([self.connection], [], [], 0)
-            return not readable or self.connection.recv(1, socket.MSG_PEEK) != b""
+            return not readable or socket.socket.recv(self.connection, 1, socket.MSG_PEEK) != b""
         except OSError:
             return False
 
@@ -187,8 +213,9 @@ class _ConnectRequestHandler(BaseHTTPRequestHandler):
 class ConnectListener:
     protocol = "connect"
 
-    def __init__(self, handler: SyncHandler, host: str, port: int) -> None:
-        self._server = _ConnectHTTPServer((host, port), handler)
+    def __init__(self, handler: SyncHandler, host: str, port: int, tls: ServerTls | None = None) -> None:
+        self._server = _ConnectHTTPServer((host, port), handler, tls.ssl_context() if tls is not None else None)
+        self.secure = tls is not None
         self.host = host
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
@@ -208,8 +235,10 @@ _GRPC_STATUS: dict[Code, Any] = {Code.parse(code.name): code for code in grpc.St
 class GrpcListener:
     protocol = "grpc"
 
-    def __init__(self, handler: SyncHandler, host: str, port: int, *, max_streams: int = 100) -> None:
+    def __init__(self, handler: SyncHandler, host: str, port: int, *, max_streams: int = 100,
+                 tls: ServerTls | None = None) -> None:
         self._handler = handler
+        credentials = tls.grpc_credentials() if tls is not None else None
         self._server = grpc.server(ThreadPoolExecutor(max_workers=max_streams + 8,
                                                       thread_name_prefix="fanout-grpc"))
         method = grpc.unary_stream_rpc_method_handler(
@@ -219,7 +248,11 @@ class GrpcListener:
         )
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {SYNC_METHOD: method}),))
         self.host = host
-        self.port = int(self._server.add_insecure_port(f"{host}:{port}"))
+        self.secure = tls is not None
+        if credentials is None:
+            self.port = int(self._server.add_insecure_port(f"{host}:{port}"))
+        else:
+            self.port = int(self._server.add_secure_port(f"{host}:{port}", credentials))
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         self._server.start()
@@ -236,19 +269,21 @@ class GrpcListener:
 
 
 def start_listener(protocol: str, handler: SyncHandler, host: str = "127.0.0.1", port: int = 0,
-                   *, max_streams: int = 100) -> Listener:
-    """Serve `handler` on one transport; port 0 picks a free port (see `.port`)."""
+                   *, max_streams: int = 100, tls: ServerTls | None = None) -> Listener:
+    """Serve `handler` on one transport (over TLS with `tls`); port 0 picks a free port (see `.port`)."""
     if protocol == "connect":
-        return ConnectListener(handler, host, port)
+        return ConnectListener(handler, host, port, tls)
     if protocol == "grpc":
-        return GrpcListener(handler, host, port, max_streams=max_streams)
+        return GrpcListener(handler, host, port, max_streams=max_streams, tls=tls)
     raise ValueError(f"unknown protocol {protocol!r}; expected connect or grpc")
+
+
+_SCHEMES = {("connect", False): "http", ("connect", True): "https", ("grpc", False): "grpc", ("grpc", True): "grpcs"}
 
 
 def listener_url(listener: Listener) -> str:
     host = "127.0.0.1" if listener.host in ("", "0.0.0.0") else listener.host
-    scheme = "http" if listener.protocol == "connect" else "grpc"
-    return f"{scheme}://{host}:{listener.port}"
+    return f"{_SCHEMES[listener.protocol, listener.secure]}://{host}:{listener.port}"
 
 
 # --- the server ---------------------------------------------------------------------------------
@@ -297,8 +332,9 @@ class FanoutServer:
 
 
 def start_fanout_server(core: FanoutCore, endpoints: Sequence[tuple[str, str, int]],
-                        *, ready_timeout: float | None = 60.0) -> FanoutServer:
-    """Start `core` and serve it on every (protocol, host, port); waits for the initial load."""
+                        *, ready_timeout: float | None = 60.0, tls: ServerTls | None = None) -> FanoutServer:
+    """Start `core` and serve it on every (protocol, host, port), over TLS with `tls`; waits for
+    the initial load."""
     core.start()
     if ready_timeout is not None and not core.wait_ready(ready_timeout):
         core.stop()
@@ -307,7 +343,7 @@ def start_fanout_server(core: FanoutCore, endpoints: Sequence[tuple[str, str, in
     listeners: list[Listener] = []
     try:
         for protocol, host, port in endpoints:
-            listeners.append(start_listener(protocol, core.sync, host, port, max_streams=core.max_clients))
+            listeners.append(start_listener(protocol, core.sync, host, port, max_streams=core.max_clients, tls=tls))
     except BaseException:
         for listener in listeners:
             listener.stop()
@@ -319,11 +355,11 @@ def start_fanout_server(core: FanoutCore, endpoints: Sequence[tuple[str, str, in
 def run_fanout_server(subscriber: Subscriber, schema: str, table: str, host: str = "127.0.0.1",
                       port: int = 0, protocol: str = "connect", *, journal_size: int = 10_000,
                       heartbeat_interval: float = 5.0, max_clients: int = 100,
-                      ready_timeout: float | None = 60.0) -> FanoutServer:
+                      ready_timeout: float | None = 60.0, tls: ServerTls | None = None) -> FanoutServer:
     """Serve `schema.table` from `subscriber` on one transport; returns once the table is loaded."""
     core = FanoutCore(subscriber, schema, table, journal_size=journal_size,
                       heartbeat_interval=heartbeat_interval, max_clients=max_clients)
-    return start_fanout_server(core, [(protocol, host, port)], ready_timeout=ready_timeout)
+    return start_fanout_server(core, [(protocol, host, port)], ready_timeout=ready_timeout, tls=tls)
 
 
 # --- serve(config) ------------------------------------------------------------------------------
@@ -334,7 +370,9 @@ class FanoutConfig:
     """The `fanout { ... }` section (and the table to serve, from `source`).
 
     `port` serves Connect over HTTP/1.1 (laredo's default 4002); `grpc_port` > 0 also serves gRPC
-    over HTTP/2; `connect = false` turns Connect off.
+    over HTTP/2; `connect = false` turns Connect off. `tls` (`fanout.tls { cert_file, key_file,
+    client_ca_file }`) serves both over TLS; with `client_ca_file`, clients must present a
+    certificate signed by it (mutual TLS).
     """
 
     schema: str
@@ -347,6 +385,7 @@ class FanoutConfig:
     heartbeat_interval: float = 5.0
     max_clients: int = 100
     drain_timeout: float = 30.0
+    tls: ServerTls | None = None
 
     @staticmethod
     def from_mapping(config: Mapping[str, Any]) -> FanoutConfig:
@@ -366,6 +405,7 @@ class FanoutConfig:
             heartbeat_interval=float(fanout.get("heartbeat_interval", 5.0)),
             max_clients=int(fanout.get("max_clients", 100)),
             drain_timeout=float(fanout.get("drain_timeout", 30.0)),
+            tls=_server_tls(fanout.get("tls")),
         )
 
     def endpoints(self) -> list[tuple[str, str, int]]:
@@ -375,6 +415,18 @@ class FanoutConfig:
         if not endpoints:
             raise ValueError("fan-out config serves nothing: enable connect or set grpc_port")
         return endpoints
+
+
+def _server_tls(spec: Mapping[str, Any] | None) -> ServerTls | None:
+    if not spec:
+        return None
+    unknown = sorted(set(spec) - set(ServerTls.KEYS))
+    if unknown:
+        raise ValueError(f"fanout.tls: unknown key {unknown[0]!r}; known: {', '.join(ServerTls.KEYS)}")
+    try:
+        return ServerTls(**{key: str(spec.get(key) or "") for key in ServerTls.KEYS})
+    except TlsError as exc:
+        raise ValueError(f"fanout.tls: {exc}") from None
 
 
 def serve(config: FanoutConfig | Mapping[str, Any], subscriber: Subscriber | None = None,
@@ -390,7 +442,7 @@ def serve(config: FanoutConfig | Mapping[str, Any], subscriber: Subscriber | Non
         raise ValueError("serve() needs the source subscriber (build it from config.source)")
     core = FanoutCore(subscriber, cfg.schema, cfg.table, journal_size=cfg.journal_size,
                       heartbeat_interval=cfg.heartbeat_interval, max_clients=cfg.max_clients)
-    server = start_fanout_server(core, cfg.endpoints(), ready_timeout=None)
+    server = start_fanout_server(core, cfg.endpoints(), ready_timeout=None, tls=cfg.tls)
     done = stop or threading.Event()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():

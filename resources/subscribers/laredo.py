@@ -58,6 +58,7 @@ from resources.subscribers.laredo_sequencer import Sequencer
 from resources.subscribers.laredo_transport import SyncStream, Transport, make_transport
 from resources.subscribers.replication_filters import Filter, parse_filters
 from resources.subscribers.replication_wire import Code, StatusError, schema_from_columns
+from resources.subscribers.tls import ClientTls, TlsError
 from snapshot_assets.archive.keys import DEFAULT_KEY_FIELDS
 from snapshot_assets.archive.positions import parse_lsn
 
@@ -230,8 +231,9 @@ class LaredoSubscriber:
     `sequence_fallback_after`: positionless entries before the sequence-derived fallback (see
     `laredo_sequencer`). `sequence_resume`: also resume by `last_known_sequence` when no position
     is known — sequences are per server instance, so enable it only when the URL always reaches
-    the same instance; it is never used after a GoAway. `sleep` and `clock` (unix seconds, for
-    GoAway deadlines) are injectable for tests.
+    the same instance; it is never used after a GoAway. `tls` (`source.tls`): TLS on either
+    transport; a certificate problem is a SourceConfigError, never retried. `sleep` and `clock`
+    (unix seconds, for GoAway deadlines) are injectable for tests.
     """
 
     ordering = "lsn"
@@ -252,6 +254,7 @@ class LaredoSubscriber:
         key_fields: Sequence[str] = (),
         sequence_resume: bool = False,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        tls: ClientTls | None = None,
         sleep: Callable[[float], object] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -271,8 +274,8 @@ class LaredoSubscriber:
         if sequence_fallback_after < 1:
             raise SourceConfigError(self.name, "sequence_fallback_after must be at least 1")
         try:
-            self._transport: Transport = make_transport(url, protocol, max_frame_bytes=max_frame_bytes)
-        except ValueError as exc:
+            self._transport: Transport = make_transport(url, protocol, max_frame_bytes=max_frame_bytes, tls=tls)
+        except (ValueError, TlsError) as exc:
             raise SourceConfigError(self.name, str(exc)) from None
         self.protocol = protocol
         self.client_id = client_id or f"snapshotter-{self.name}"
@@ -382,6 +385,8 @@ class LaredoSubscriber:
         where = f"laredo server {self.url} ({self.protocol})"
         if isinstance(exc, SourceError):
             return exc
+        if isinstance(exc, TlsError):
+            return SourceConfigError(self.name, f"{where}: {exc}")
         if isinstance(exc, StatusError):
             cause = f"{where} returned {exc.code.wire_name}: {exc.message}"
             if exc.code is Code.NOT_FOUND:

@@ -7,12 +7,16 @@ the URIs stored in the manifest, so these functions are part of the compatibilit
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from snapshot_assets.archive import gojson
+from snapshot_assets.archive.changes import Change
 from snapshot_assets.archive.errors import MissingKeyField
+from snapshot_assets.archive.gojson import Kind
 from snapshot_assets.archive.gonum import go_v_float
 
 MANIFEST_NAME = "manifest.json"
@@ -74,17 +78,68 @@ def row_key(row: Mapping[str, Any] | None, key_fields: Sequence[str]) -> str:
     return "[" + " ".join(go_v(v) for v in values) + "]"
 
 
-def laredo_row_key(row: Mapping[str, Any] | None, key_fields: Sequence[str]) -> str:
-    """The key string laredo's reader computes for a row it decoded from JSON (every number a double).
+ValueAsRead = Callable[[Any], Any]
+"""Maps a row value to the Go value a format's reader holds after decoding what the format wrote."""
 
-    Writers put this in a diff's `key` so laredo folds this project's diffs onto its snapshots:
-    id 1000000 keys as `1e+06`.
+
+def key_as_read(row: Mapping[str, Any] | None, key_fields: Sequence[str], as_read: ValueAsRead) -> str:
+    """laredo's RowKey of `row` as a reader sees it: `%v` of each key value after `as_read`.
+
+    laredo keys a snapshot row from the row it decoded, so a diff key only matches that row when
+    it is computed from the value the same format's reader decodes, not from the Python value.
     """
     if row is None:
         return row_key(None, key_fields)
-    as_go = {f: (float(v) if isinstance(v, int) and not isinstance(v, bool) else v)
-             for f, v in ((f, row.get(f)) for f in key_fields)}
-    return row_key(as_go, key_fields)
+    return row_key({f: as_read(row[f]) for f in key_fields if f in row}, key_fields)
+
+
+#: The smallest integer magnitude Go's JSON decoder cannot hold in a float64 (it rejects the row).
+_FLOAT64_LIMIT = 2**1024
+
+
+def go_json_value(value: Any) -> Any:
+    """What Go's encoding/json decodes into `any` from the text `gojson` writes for `value`.
+
+    Every number becomes a float64 (an integer beyond 2^53 is rounded to the nearest double, the
+    way Go's strconv rounds the decimal text); bytes, datetimes and dates become the strings they
+    were written as; strings and booleans stay. An integer beyond the float64 range, which Go
+    refuses to decode at all (laredo cannot read that row), keeps its exact value.
+    """
+    kind = gojson.kind_of(value)
+    if kind is Kind.INT:
+        return float(value) if abs(value) < _FLOAT64_LIMIT else value
+    if kind is Kind.DECIMAL:
+        return float(value)  # beyond the float64 range the jsonl writer refuses the whole row
+    if kind is Kind.NULL or kind is Kind.BOOL or kind is Kind.FLOAT:
+        return value
+    if kind is Kind.STRING:
+        return gojson.valid_text(str(value))
+    return json.loads(gojson.encode_value(value), parse_int=float, parse_float=float)
+
+
+def laredo_row_key(row: Mapping[str, Any] | None, key_fields: Sequence[str]) -> str:
+    """The key string laredo's reader computes for a row it decoded from JSON (every number a double).
+
+    This is the jsonl format's diff key (id 1000000 keys as `1e+06`), and the key the change
+    algebra gives a Change before a format writer derives its own (`written_key`).
+    """
+    return key_as_read(row, key_fields, go_json_value)
+
+
+def written_key(change: Change, key_fields: Sequence[str], as_read: ValueAsRead) -> str:
+    """The `key` a format's diff writer writes for `change`: derived from the change's row image
+    (`new`, else `old`) as that format's reader decodes it, so the key equals the RowKey laredo's
+    reader computes from the same format's snapshot rows. A change without an image that carries
+    every key field (a TRUNCATE; a DELETE whose source sent no usable before-image) keeps the key
+    string it came with: there is nothing else to derive it from.
+    """
+    image = change.new if change.new is not None else change.old
+    if image is None or any(f not in image for f in key_fields):
+        return change.key
+    try:
+        return key_as_read(image, key_fields, as_read)
+    except gojson.UnsupportedValue as exc:
+        raise exc.in_row(", ".join(key_fields), change.key) from None
 
 
 def _canonical(value: Any) -> Any:

@@ -19,6 +19,7 @@ from snapshot_assets.archive import keys
 from snapshot_assets.archive.changes import Change, Row
 from snapshot_assets.archive.errors import CorruptManifest
 from snapshot_assets.archive.formats import Format, get_format
+from snapshot_assets.archive.located import located
 from snapshot_assets.archive.manifest import DIFF, SNAPSHOT, Artifact, FormatRef, Manifest, loads, utc_now
 
 _SPOOL_BYTES = 32 * 1024 * 1024
@@ -131,9 +132,9 @@ class ManifestStore:
         A CASConflict means another writer advanced the manifest: the caller must reload and
         decide again, never retry blindly.
         """
-        data = manifest.dumps()
         key = keys.manifest_key(self.key_prefix)
         if len(self.revisions) != len(self.destinations):
             raise RuntimeError("ManifestStore.commit called before load")
         for i, dest in enumerate(self.destinations):
+            data = located(manifest, self.key_prefix, dest.uri).dumps()  # each copy names its own objects
             self.revisions[i] = dest.put_if(key, data, self.revisions[i])

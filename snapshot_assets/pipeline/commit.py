@@ -19,6 +19,7 @@ from resources.destinations.base import CASConflict, Destination
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.errors import ArchiveError
 from snapshot_assets.archive.formats import FORMATS
+from snapshot_assets.archive.located import located
 from snapshot_assets.archive.manifest import Artifact, Manifest, loads
 from snapshot_assets.archive.positions import Comparator
 from snapshot_assets.archive.reader import artifact_key
@@ -121,12 +122,13 @@ def commit_artifact(destinations: Sequence[Destination], key_prefix: str, table:
             pruned = [a for a in current.artifacts if _identity(a) not in kept]
         if new.table != table:
             new = replace(new, table=table)
-        data = new.dumps()
-        current_data = current.dumps() if current.artifacts else None
-        forward = [c.dest.name for c in copies if (c.manifest.dumps() if c.manifest else None) != current_data]
+        before = current if current.artifacts else None
+        forward = [c.dest.name for c in copies
+                   if _text(c.manifest) != _text(before and located(before, key_prefix, c.dest.uri))]
         try:
             for c in copies:
-                if c.manifest is not None and c.manifest.dumps() == data:
+                data = located(new, key_prefix, c.dest.uri).dumps()  # each copy names its own objects
+                if _text(c.manifest) == data:
                     continue
                 c.dest.put_if(keys.manifest_key(key_prefix), data, c.revision)
         except CASConflict:
@@ -134,6 +136,10 @@ def commit_artifact(destinations: Sequence[Destination], key_prefix: str, table:
             continue
         return CommitResult(new, art, already, pruned, forward, retries)
     raise CommitConflict(f"gave up committing {art.describe()} after {max_attempts} compare-and-swap conflicts")
+
+
+def _text(manifest: Manifest | None) -> bytes | None:
+    return None if manifest is None else manifest.dumps()
 
 
 def artifact_object_keys(key_prefix: str, art: Artifact) -> list[str]:

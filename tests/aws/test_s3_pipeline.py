@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,35 @@ def test_the_archive_on_s3_rebuilds_the_source_at_every_boundary(product: tuple[
     assert code == 0 and out.startswith("ok:"), out
 
 
-def test_the_local_copy_equals_the_s3_copy(product: tuple[Product, dict[str, Any]]) -> None:
+def _opens(prod: Product, uri: str) -> int:
+    """Open the object (or every part of the parquet folder) a manifest URI names; its total size."""
+    if uri.startswith("file://"):
+        path = Path(urllib.parse.unquote(uri.removeprefix("file://")))
+        files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        return sum(len(f.read_bytes()) for f in files)
+    assert uri.startswith("s3://"), uri
+    bucket_name, key = uri.removeprefix("s3://").split("/", 1)
+    s3 = client("s3", prod.endpoint)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket_name, Prefix=key + "/").get("Contents", [])] or [key]
+    return sum(len(s3.get_object(Bucket=bucket_name, Key=k)["Body"].read()) for k in keys)
+
+
+def test_each_copy_of_the_manifest_names_its_own_objects(product: tuple[Product, dict[str, Any]]) -> None:
     prod, env = product
     loc: Location = env["orders"]
-    local = json.loads((prod.work / "local-archive" / "orders" / "manifest.json").read_text())
-    assert local == _manifest(prod, loc)
+    root = prod.work / "local-archive"
+    local = json.loads((root / "orders" / "manifest.json").read_text())
+    remote = _manifest(prod, loc)
+    for doc, own in ((local, f"file://{root}/orders/"), (remote, f"s3://{loc.bucket}/{loc.prefix}orders/")):
+        uris = [ref["uri"] for art in doc["artifacts"] for ref in art["formats"].values()]
+        assert len(uris) == 4 * 3 - 2 and all(u.startswith(own) for u in uris), uris
+        sizes = [ref["size_bytes"] for art in doc["artifacts"] for ref in art["formats"].values()]
+        assert [_opens(prod, u) for u in uris] == sizes
+    for doc in (local, remote):  # apart from where the objects are, the copies are the same manifest
+        for art in doc["artifacts"]:
+            for ref in art["formats"].values():
+                ref["uri"] = ref["uri"].rsplit("/orders/", 1)[1]
+    assert local == remote
 
 
 def test_every_archive_check_passed_and_the_manifest_carries_the_metrics(

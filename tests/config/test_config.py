@@ -143,6 +143,11 @@ BASE = 'snapshotter {{ source {{ server = s, table = t }}, destinations = [ {{ t
         ("retention.keep_epochs = -1", "snapshotter.retention.keep_epochs", "non-negative integer"),
         ("key_fields = []", "snapshotter.key_fields", "lists no field (leave it out to use the source's key)"),
         ("source.unchanged_toast = mark", "snapshotter.source.unchanged_toast", "unknown value 'mark'"),
+        ("source.tls { ca = x }", "snapshotter.source.tls.ca", "unknown key 'ca'"),
+        ("source.tls { cert_file = c }", "snapshotter.source.tls", "cert_file and key_file go together"),
+        ("source.tls { server_name = [a] }", "snapshotter.source.tls.server_name", "expected a string"),
+        ("source { type = generator, tls { ca_file = x } }", "snapshotter.source.tls",
+         "TLS settings apply to a laredo source, not a generator source"),
     ],
 )
 def test_bad_values_name_file_key_and_value(extra: str, path: str, message: str) -> None:
@@ -189,3 +194,4 @@ def test_load_from_env_file_and_default(tmp_path: Path) -> None:
     assert load_config(env={}).tables[0].source.type == "generator"  # the shipped demo config
     with pytest.raises(ConfigError, match="no such file"):
         load_config(tmp_path / "missing.conf", env={})
+

@@ -9,9 +9,12 @@ import pytest
 from resources.destinations.base import Destination
 from resources.destinations.local import LocalDestination
 from snapshot_assets.archive.changes import Action, Change
+from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import manifest_key
+from snapshot_assets.archive.located import located
 from snapshot_assets.archive.manifest import Artifact, loads
 from snapshot_assets.archive.positions import compare_sequence
+from snapshot_assets.archive.reader import artifact_key
 from snapshot_assets.archive.writer import ArtifactWriter
 from snapshot_assets.pipeline.commit import CommitConflict, collect_orphans, commit_artifact, delete_artifacts
 
@@ -47,14 +50,34 @@ def manifests(dests: list[Destination]) -> list[bytes | None]:
     return out
 
 
+def same_history(a: bytes | None, b: bytes | None) -> bool:
+    """The copies hold the same manifest, apart from the URIs (each names its own objects)."""
+    def bare(data: bytes | None) -> bytes | None:
+        return None if data is None else located(loads(data), PREFIX, lambda key: key).dumps()
+
+    return bare(a) == bare(b)
+
+
+def own_uris(dests: list[Destination]) -> bool:
+    """Every format URI in each copy is that destination's URI of the object, and it exists there."""
+    for d, data in zip(dests, manifests(dests), strict=True):
+        for art in loads(data or b"").artifacts:
+            for fid, ref in art.formats.items():
+                key = artifact_key(PREFIX, art, FORMATS[fid])
+                if ref.uri != d.uri(key) or not (d.get(key) or list(d.list(key + "/"))):
+                    return False
+    return True
+
+
 def test_commit_writes_every_destination_and_is_idempotent(dests: list[Destination]) -> None:
     s = snap(dests, 1, "10")
     r = commit(dests, s)
     assert not r.already_committed and r.manifest.head_position == "10"
     a, b = manifests(dests)
-    assert a == b and a is not None
+    assert a is not None and same_history(a, b)
+    assert own_uris(dests)
     again = commit(dests, s)
-    assert again.already_committed and manifests(dests) == [a, b]
+    assert again.already_committed and manifests(dests) == [a, b] and again.brought_forward == []
     d = diff(dests, 1, "10", "20")
     assert commit(dests, d).manifest.head_position == "20"
     assert len(loads(manifests(dests)[1] or b"").artifacts) == 2
@@ -65,11 +88,12 @@ def test_lagging_destination_is_brought_forward(dests: list[Destination]) -> Non
     commit(dests, s)
     d = diff(dests, 1, "10", "20")
     commit(dests[:1], d)  # a crash after the first destination's CAS
-    assert manifests(dests)[0] != manifests(dests)[1]
+    assert not same_history(*manifests(dests))
     r = commit(dests, d)  # the rerun of the same run
     assert r.already_committed and r.brought_forward == ["b"]
     a, b = manifests(dests)
-    assert a == b and loads(b or b"").head_position == "20"
+    assert same_history(a, b) and loads(b or b"").head_position == "20"
+    assert own_uris(dests)
 
 
 def test_chain_breaks_are_refused(dests: list[Destination]) -> None:
@@ -141,3 +165,13 @@ def test_orphans_of_older_epochs_are_collected(dests: list[Destination]) -> None
     assert orphan.to_position == "15"
     # referenced objects, parquet folders included, stay
     assert dests[0].get(f"{PREFIX}epoch=1/snapshot-10.jsonl") is not None
+
+
+def test_copies_that_name_another_destinations_objects_are_corrected(dests: list[Destination]) -> None:
+    commit(dests, snap(dests, 1, "10"))
+    first = manifests(dests)[0]
+    assert first is not None
+    dests[1].put(manifest_key(PREFIX), first)  # what every copy held before: the first destination's URIs
+    assert not own_uris(dests)
+    commit(dests, diff(dests, 1, "10", "20"))
+    assert own_uris(dests) and same_history(*manifests(dests))

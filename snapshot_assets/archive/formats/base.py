@@ -9,7 +9,7 @@ interchangeable (tests/formats/).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from snapshot_assets.archive.changes import Change, Row
 
@@ -48,3 +48,10 @@ class Format(Protocol):
         ...
 
     def read_diff(self, src: BinaryIO) -> Iterator[Change]: ...
+
+    def key_value(self, value: Any) -> Any:
+        """The value a reader of this format holds for a key value written here (for jsonl and
+        protobuf: what laredo's Go reader decodes). A diff's `key` is laredo's `%v` RowKey of these
+        (`keys.written_key`), so it equals the key a reader derives from the same format's snapshot
+        row and its fold never leaves the old row behind."""
+        ...

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Change, Row, as_row
 from snapshot_assets.archive.errors import CorruptArtifact, EncodeError
-from snapshot_assets.archive.keys import row_key
+from snapshot_assets.archive.keys import go_json_value, row_key, written_key
 
 #: laredo's bufio.Scanner buffer: the longest line (newline included) its reader accepts.
 MAX_LINE_BYTES = 16 * 1024 * 1024
@@ -59,21 +59,29 @@ class JsonlSnapshotWriter:
 
 
 class JsonlDiffWriter:
-    """Writes each change as one line, in the order given (readers apply them in file order)."""
+    """Writes each change as one line, in the order given (readers apply them in file order).
+
+    The `key` is laredo's RowKey of the change's image as Go's JSON decoder reads it back (every
+    number a float64: id 1000000 keys as `1e+06`, 2^53+1 as `9.007199254740992e+15`), which is
+    what laredo's reader computes from the same row in a jsonl snapshot.
+    """
 
     def __init__(self, out: BinaryIO, key_fields: Sequence[str]) -> None:
         self._out = out
+        self._key_fields = tuple(key_fields)
 
     def write(self, change: Change) -> None:
         def key() -> str:
             return change.key
 
-        members = [("action", gojson.quote(change.action.value)), ("key", gojson.quote(change.key))]
+        members = []
         if change.old:
             members.append(("old", gojson.encode_row(change.old, key)))
         if change.new:
             members.append(("new", gojson.encode_row(change.new, key)))
-        self._out.write(_encode_line(gojson.encode_object(members), key))
+        text = written_key(change, self._key_fields, go_json_value)
+        members += [("action", gojson.quote(change.action.value)), ("key", gojson.quote(text))]
+        self._out.write(_encode_line(gojson.encode_object(members), lambda: text))
 
     def close(self) -> None:
         self._out.flush()
@@ -131,6 +139,8 @@ class JsonlFormat:
 
     format_id = "jsonl"
     extension = ".jsonl"
+
+    key_value = staticmethod(go_json_value)
 
     def snapshot_writer(self, out: BinaryIO, key_fields: Sequence[str] = ("id",)) -> JsonlSnapshotWriter:
         return JsonlSnapshotWriter(out, key_fields)

@@ -55,7 +55,7 @@ from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Change, Row, as_row
 from snapshot_assets.archive.errors import CorruptArtifact, EncodeError
 from snapshot_assets.archive.gojson import Kind, UnsupportedValue
-from snapshot_assets.archive.keys import row_key
+from snapshot_assets.archive.keys import row_key, written_key
 
 BATCH_ROWS = 8192
 ROW_GROUP_ROWS = 65536
@@ -348,23 +348,57 @@ class ParquetSnapshotWriter:
         _write_spool(self._out, _schema(self._plan.fields(), b"snapshot"), self._spool, arrays)
 
 
+_TEXT_OF_KIND: dict[Kind, Callable[[Any], str]] = {
+    Kind.STRING: lambda value: gojson.valid_text(str(value)),
+    Kind.DECIMAL: gojson.decimal_text,
+    Kind.BYTES: gojson.bytes_text,
+    Kind.DATETIME: gojson.time_text,
+    Kind.DATE: gojson.date_text,
+}
+
+
+def typed_value(value: Any) -> Any:
+    """What a typed reader of this format holds for `value`, for diff keys: int64, float64 and bool
+    columns give the exact value (2^53+1 stays `9007199254740993`, 1000000 stays `1000000`),
+    strings and decimal text their text, bytes and times the text the other formats carry for them
+    (base64, RFC 3339, `YYYY-MM-DD`), JSON-encoded cells their decoded value with exact integers.
+
+    parquet is not one of laredo's formats, so no laredo reader defines its keys; typed columns are
+    its point, and a reader of typed columns has no reason to round an int64 key to a double.
+    """
+    kind = gojson.kind_of(value)
+    text = _TEXT_OF_KIND.get(kind)
+    if text is not None:
+        return text(value)
+    if kind is Kind.OBJECT or kind is Kind.ARRAY:
+        return gojson.loads(gojson.encode_value(value))
+    return value
+
+
 class ParquetDiffWriter:
-    """Learns the row columns of every old/new image while spooling changes; writes on close()."""
+    """Learns the row columns of every old/new image while spooling changes; writes on close().
+
+    The `key` is laredo's RowKey (`%v`) of the image's key values as the typed columns hold them
+    (`typed_value`): exact integers, never rounded to doubles.
+    """
 
     def __init__(self, out: BinaryIO, key_fields: Sequence[str]) -> None:
         self._out = out
+        self._key_fields = tuple(key_fields)
         self._plan = _Plan()
         self._spool = _Spool()
 
     def write(self, change: Change) -> None:
         old, new = as_row(change.old), as_row(change.new)
+        text = written_key(change, self._key_fields, typed_value)
+
         def key() -> str:
-            return change.key
+            return text
 
         for image in (old, new):
             if image is not None:
                 self._plan.observe(image, key)
-        self._spool.append((change.action.value, change.key, old, new), (old, new), key)
+        self._spool.append((change.action.value, text, old, new), (old, new), key)
 
     def _image_type(self) -> pa.DataType:
         # Parquet cannot store a struct without fields: with no row columns at all (a diff of
@@ -510,6 +544,8 @@ class ParquetFormat:
 
     format_id = "parquet"
     extension = ".parquet"
+
+    key_value = staticmethod(typed_value)
 
     def snapshot_writer(self, out: BinaryIO, key_fields: Sequence[str] = ("id",)) -> ParquetSnapshotWriter:
         return ParquetSnapshotWriter(out, key_fields)

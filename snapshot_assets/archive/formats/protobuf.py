@@ -33,7 +33,7 @@ from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Change, Row, as_row
 from snapshot_assets.archive.errors import CorruptArtifact
 from snapshot_assets.archive.gojson import MAX_SAFE_INT, Kind, UnsupportedValue
-from snapshot_assets.archive.keys import row_key
+from snapshot_assets.archive.keys import row_key, written_key
 from snapshot_assets.archive.proto.laredo.snapshotter.v1.artifact_pb2 import DiffChange, SnapshotRow
 
 #: Protobuf's own ceiling on one message; a larger length prefix can only be damage.
@@ -139,6 +139,27 @@ def to_python(value: struct_pb2.Value) -> Any:
 
 def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
     return {key: to_python(item) for key, item in struct.fields.items()}
+
+
+def _as_go(value: struct_pb2.Value) -> Any:
+    """What Go's `structpb.Value.AsInterface` returns: numbers stay float64, strings stay strings."""
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        return value.number_value
+    if kind == "struct_value":
+        return {key: _as_go(item) for key, item in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_as_go(item) for item in value.list_value.values]
+    return to_python(value)
+
+
+def go_struct_value(value: Any) -> Any:
+    """What laredo's Go reader holds for `value` once this format stored it in a Struct `Value`:
+    a float64 for every number, the decimal string written for an integer beyond 2^53 or a
+    Decimal, the text written for bytes and times (the same `set_value` the writers use)."""
+    target = struct_pb2.Value()
+    set_value(target, value)
+    return _as_go(target)
 
 
 # --- framing -----------------------------------------------------------------------------------
@@ -269,17 +290,25 @@ class ProtobufSnapshotWriter:
 
 
 class ProtobufDiffWriter:
-    """Writes one delimited DiffChange per change, in the order given; empty images are omitted."""
+    """Writes one delimited DiffChange per change, in the order given; empty images are omitted.
+
+    The `key` is laredo's RowKey of the change's image as stored in a Struct and read back by Go
+    (`go_struct_value`): an id within 2^53 is a double (1000000 keys as `1e+06`), an id beyond it
+    the decimal string this format writes (`9007199254740993`), exactly what laredo's reader
+    computes from the same row in a protobuf snapshot.
+    """
 
     def __init__(self, out: BinaryIO, key_fields: Sequence[str]) -> None:
         self._out = out
+        self._key_fields = tuple(key_fields)
 
     def write(self, change: Change) -> None:
-        message = DiffChange(action=change.action.value, key=gojson.valid_text(change.key))
+        message = DiffChange(action=change.action.value)
         if change.old:
             fill_row(message.old, change.old, lambda: change.key)
         if change.new:
             fill_row(message.new, change.new, lambda: change.key)
+        message.key = gojson.valid_text(written_key(change, self._key_fields, go_struct_value))
         _write_message(self._out, message)
 
     def close(self) -> None:
@@ -291,6 +320,8 @@ class ProtobufFormat:
 
     format_id = "protobuf"
     extension = ".pb"
+
+    key_value = staticmethod(go_struct_value)
 
     def snapshot_writer(self, out: BinaryIO, key_fields: Sequence[str] = ("id",)) -> ProtobufSnapshotWriter:
         return ProtobufSnapshotWriter(out, key_fields)
