@@ -31,23 +31,26 @@ ORDERS = "public.orders"
 T = TypeVar("T")
 
 
-def write_config(root: Path, *, sinks: bool = False) -> Path:
+def write_config(root: Path, *, sinks: bool = False, users_rate: float | None = None, backoff: str = "2s",
+                 max_backoff: str = "3s") -> Path:
     def events(name: str) -> str:
         return f'events = [ {{ type = file, path = "{root / "events" / name}.jsonl" }} ]' if sinks else ""
 
+    pace = f", rate = {users_rate}" if users_rate else ""
     path = root / "snapshotter.conf"
     path.write_text(f"""
 snapshotter {{
   buffer {{ path = "{root / 'buffer'}", seal_interval = 100ms }}
   tables = [
-    {{ source {{ type = generator, schema = public, table = users, generator {{ seed = 1, rows = 40, changes = 30 }} }}
+    {{ source {{ type = generator, schema = public, table = users
+                generator {{ seed = 1, rows = 40, changes = 30{pace} }} }}
        diff.interval = 1s
-       retry {{ backoff = 2s, max_backoff = 3s }}
+       retry {{ backoff = {backoff}, max_backoff = {max_backoff} }}
        destinations = [ {{ type = local, path = "{root / 'archive'}" }} ]
        {events("users")} }}
     {{ source {{ type = generator, schema = public, table = orders, generator {{ seed = 2, rows = 20, changes = 10 }} }}
        diff.interval = 1h
-       retry {{ backoff = 2s, max_backoff = 3s }}
+       retry {{ backoff = {backoff}, max_backoff = {max_backoff} }}
        destinations = [ {{ type = local, path = "{root / 'archive'}" }} ]
        {events("orders")} }}
   ]
@@ -77,6 +80,12 @@ def sensor_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
 def sink_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SnapshotterConfig]:
     """The same tables, each with a file event sink (`<tmp>/events/<table>.jsonl`)."""
     yield from _use(monkeypatch, write_config(tmp_path, sinks=True))
+
+
+@pytest.fixture
+def paced_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SnapshotterConfig]:
+    """The same tables, `public.users` paced at 3 changes/s (its ingest runs for about 10 s), backoff 6 s."""
+    yield from _use(monkeypatch, write_config(tmp_path, users_rate=3, backoff="6s", max_backoff="6s"))
 
 
 @pytest.fixture
