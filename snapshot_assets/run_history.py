@@ -69,8 +69,8 @@ def failure_streak(instance: dg.DagsterInstance, tags: Mapping[str, str], job: s
 
 
 def failure_message(instance: dg.DagsterInstance, run_id: str) -> str:
-    """Why a run failed, in one line: the failed step's error (a `dg.Failure`'s description), else the
-    run's failure message. Bounded, so a huge error cannot flood a status page or an alert."""
+    """Why a run failed, in one line: the failed step's error (a `dg.Failure`'s description, or the
+    exception the op raised), else the run's failure message. Bounded, so a huge error cannot flood a status page or an alert."""
     text = ""
     for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
         event = entry.dagster_event
@@ -80,7 +80,10 @@ def failure_message(instance: dg.DagsterInstance, run_id: str) -> str:
         if data.user_failure_data is not None and data.user_failure_data.description:
             text = data.user_failure_data.description
         elif data.error is not None:
-            text = f"{data.error.cls_name}: {data.error.message}" if data.error.cls_name else data.error.message
+            error = data.error
+            while error.cause is not None:  # Dagster wraps the op's exception: report the exception itself
+                error = error.cause
+            text = error.message  # "ExceptionClass: message", as Python prints it
     if not text:
         for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
             text = entry.message or text
