@@ -18,7 +18,18 @@ import pytest
 from sensors.rebase_trigger import rebase_trigger
 from snapshot_assets.config import SnapshotterConfig
 from snapshot_assets.jobs import snapshot_job
-from snapshot_assets.tables import ATTEMPT_TAG, BOUNDARY_TAG, FROM_TAG, RETRY_OF_TAG, TABLE_TAG, TO_TAG, TRIGGER_TAG
+from snapshot_assets.metrics import samples
+from snapshot_assets.status import table_status
+from snapshot_assets.tables import (
+    ATTEMPT_TAG,
+    BOUNDARY_TAG,
+    FROM_TAG,
+    RETRY_OF_TAG,
+    TABLE_TAG,
+    TO_TAG,
+    TRIGGER_TAG,
+    pipeline,
+)
 from tests.sensors.conftest import ORDERS, USERS, add_run, fail_run, ingest, poll
 
 RUN_KEY_TAG = "dagster/run_key"
@@ -157,6 +168,12 @@ def test_failures_in_a_row_back_off_a_new_boundary_too(sensor_config: Snapshotte
     assert isinstance(result.skip_reason, dg.SkipReason)
     assert f"after 1 failed run(s) of the table in a row (last: run {stale.run_id}) is due in" in str(
         result.skip_reason.skip_message)
+    # status and metrics say the same: not ready (no snapshot yet), why, and when the retry comes.
+    status = table_status(pipeline(USERS), instance=instance)
+    assert status.artifact_failures == 1 and not status.ready
+    assert status.artifact_retry.startswith(f"run {stale.run_id} failed (1 in a row): destination down; retry due")
+    assert f"no snapshot committed yet (the last run {stale.run_id} failed" in status.not_ready[0]
+    assert {s.name: s.value for s in samples(status)}["artifact_failures"] == 1
     request = poll(lambda: by_table(tick(instance)).get(USERS), 5, "request after the backoff")
     assert request.tags[ATTEMPT_TAG] == "0" and RETRY_OF_TAG not in request.tags
 
