@@ -70,7 +70,8 @@ def failure_streak(instance: dg.DagsterInstance, tags: Mapping[str, str], job: s
 
 def failure_message(instance: dg.DagsterInstance, run_id: str) -> str:
     """Why a run failed, in one line: the failed step's error (a `dg.Failure`'s description, or the
-    exception the op raised), else the run's failure message. Bounded, so a huge error cannot flood a status page or an alert."""
+    exception the op raised), else the run's failure message. Bounded, so a huge error cannot flood
+    a status page or an alert."""
     text = ""
     for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
         event = entry.dagster_event
@@ -81,8 +82,8 @@ def failure_message(instance: dg.DagsterInstance, run_id: str) -> str:
             text = data.user_failure_data.description
         elif data.error is not None:
             error = data.error
-            while error.cause is not None:  # Dagster wraps the op's exception: report the exception itself
-                error = error.cause
+            while error.cause is not None and (error.cls_name or "").startswith("Dagster"):
+                error = error.cause  # Dagster's wrapper around the op's exception: report the exception itself
             text = error.message  # "ExceptionClass: message", as Python prints it
     if not text:
         for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE):

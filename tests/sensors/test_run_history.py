@@ -6,6 +6,7 @@ import datetime as dt
 
 import dagster as dg
 
+from resources.destinations.base import DestinationError
 from snapshot_assets.config import RetryConfig
 from snapshot_assets.run_history import failure_message, failure_streak
 from tests.sensors.conftest import add_run, fail_run
@@ -13,7 +14,10 @@ from tests.sensors.conftest import add_run, fail_run
 
 @dg.op
 def upload() -> None:
-    raise NotADirectoryError(20, "Not a directory", "/archive/quiet/epoch=1/snapshot-0_1.jsonl")
+    try:
+        raise NotADirectoryError(20, "Not a directory", "/archive/quiet/epoch=1/snapshot-0_1.jsonl")
+    except OSError as e:
+        raise DestinationError(f"local put file:///archive/quiet/epoch=1/snapshot-0_1.jsonl failed: {e}") from e
 
 
 @dg.job(name="snapshot_job")
@@ -24,7 +28,9 @@ def failing() -> None:
 def test_the_message_is_the_ops_own_exception_in_one_line(instance: dg.DagsterInstance) -> None:
     result = failing.execute_in_process(instance=instance, raise_on_error=False)
     text = failure_message(instance, result.run_id)
-    assert text == "NotADirectoryError: [Errno 20] Not a directory: '/archive/quiet/epoch=1/snapshot-0_1.jsonl'"
+    path = "/archive/quiet/epoch=1/snapshot-0_1.jsonl"
+    assert text == (f"resources.destinations.base.DestinationError: local put file://{path} failed: "
+                    f"[Errno 20] Not a directory: '{path}'")
 
 
 def test_the_message_is_bounded(instance: dg.DagsterInstance) -> None:
