@@ -1,6 +1,6 @@
 """Alerts on failed ingest and artifact runs: the hook point operators wire to their paging.
 
-A dead ingest run makes a table not ready (the supervisor relaunches it, but a crash loop must be
+A dead ingest run makes its table not ready (the supervisor relaunches it, but a crash loop must be
 seen); a failed artifact run means the archive is not advancing (a destination outage, expired
 credentials, a CAS conflict with a second writer). Both reach this run-failure sensor, which logs
 one line naming the job, the table and the error, and hands an `Alert` to every hook: the
@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 import dagster as dg
 
 from snapshot_assets.jobs import diff_job, force_snapshot, ingest_job, snapshot_job
+from snapshot_assets.run_history import failure_message
+from snapshot_assets.tables import INGEST_TABLE_TAG
 
 log = logging.getLogger(__name__)
 WEBHOOK_ENV = "SNAPSHOTTER_ALERT_WEBHOOK"
@@ -30,7 +32,7 @@ WEBHOOK_ENV = "SNAPSHOTTER_ALERT_WEBHOOK"
 class Alert:
     job: str
     run_id: str
-    table: str  # the partition ("" for the ingest run, which covers every table)
+    table: str  # the partition of an artifact run, the table of an ingest run
     error: str
 
     @property
@@ -54,7 +56,8 @@ HOOKS: list[Callable[[Alert], None]] = [webhook]
 
 
 def alert_for(run: dg.DagsterRun, error: str) -> Alert:
-    return Alert(job=run.job_name, run_id=run.run_id, table=run.tags.get("dagster/partition", ""), error=error)
+    table = run.tags.get("dagster/partition") or run.tags.get(INGEST_TABLE_TAG, "")
+    return Alert(job=run.job_name, run_id=run.run_id, table=table, error=error)
 
 
 def dispatch(alert: Alert) -> list[str]:
@@ -73,7 +76,7 @@ def dispatch(alert: Alert) -> list[str]:
                        description="Alerts (log + hooks, e.g. $SNAPSHOTTER_ALERT_WEBHOOK) on failed ingest and "
                                    "artifact runs.")
 def run_failure_alert(context: dg.RunFailureSensorContext) -> None:
-    error = context.failure_event.message or "unknown error"
+    error = failure_message(context.instance, context.dagster_run.run_id)  # the step's error, not "steps failed"
     alert = alert_for(context.dagster_run, error)
     context.log.error(alert.text)
     for failure in dispatch(alert):

@@ -80,6 +80,26 @@ class BufferConfig:
 
 
 @dataclass(frozen=True)
+class RetryConfig:
+    """How long the sensors wait before trying a table's failed run again.
+
+    After the Nth failed run in a row (an artifact run, or the table's ingest run) the next one
+    waits `backoff * 2**(N-1)`, at most `max_backoff`: a dead destination or source is not hammered,
+    and a short outage still costs little more than `backoff`.
+    """
+
+    backoff: _dt.timedelta = _dt.timedelta(seconds=30)
+    max_backoff: _dt.timedelta = _dt.timedelta(minutes=5)
+
+    def delay(self, failures: int) -> _dt.timedelta:
+        """The wait after `failures` consecutive failed runs (none after none)."""
+        if failures <= 0:
+            return _dt.timedelta(0)
+        doubled: _dt.timedelta = self.backoff * 2 ** min(failures - 1, 32)
+        return min(doubled, self.max_backoff)
+
+
+@dataclass(frozen=True)
 class SparkConfig:
     remote: str = ""
     master: str = ""
@@ -116,6 +136,7 @@ class TableConfig:
     events: tuple[Mapping[str, Any], ...]
     buffer: BufferConfig
     credentials: Mapping[str, CredentialProfile] = field(default_factory=dict)  # the profiles specs may name
+    retry: RetryConfig = field(default_factory=RetryConfig)
 
     @property
     def name(self) -> str:
@@ -243,7 +264,7 @@ DESTINATION_REQUIRED = {"local": ("path",), "s3": ("bucket",)}
 EVENT_KEYS = {"sns": ("topic_arn",), "sqs": ("queue_url",), "kinesis": ("stream",), "file": ("path",)}
 EVENT_COMMON = {"type", "region", "endpoint_url", "credentials"}
 TABLE_KEYS = ("source", "key_prefix", "key_fields", "diff", "snapshot", "retention", "destinations",
-              "formats", "events", "buffer")
+              "formats", "events", "buffer", "retry")
 
 
 def _source(s: _Section) -> SourceConfig:
@@ -367,6 +388,18 @@ def _key_fields(s: _Section) -> tuple[str, ...]:
     return fields
 
 
+def _retry(s: _Section) -> RetryConfig:
+    default = RetryConfig()
+    r = RetryConfig(backoff=s.get("backoff", parse_duration, default.backoff),
+                    max_backoff=s.get("max_backoff", parse_duration, default.max_backoff))
+    s.done()
+    if r.backoff <= _dt.timedelta(0):
+        raise ConfigError(s.file, s.at("backoff"), "must be greater than 0")
+    if r.max_backoff < r.backoff:
+        raise ConfigError(s.file, s.at("max_backoff"), f"must be at least retry.backoff ({r.backoff})")
+    return r
+
+
 def _table(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: BufferConfig) -> TableConfig:
     source = _source(s.sub("source"))
     diff = s.sub("diff")
@@ -398,6 +431,7 @@ def _table(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: Bu
         events=tuple(_event(e, credentials) for e in s.items("events")),
         buffer=_buffer(s.sub("buffer"), buffer) if s.has("buffer") else buffer,
         credentials=credentials,
+        retry=_retry(s.sub("retry")),
     )
     return table
 

@@ -1,4 +1,4 @@
-"""Jobs: artifact runs (diff, snapshot, forced snapshot), the long-running ingest run, reconstruct.
+"""Jobs: artifact runs (diff, snapshot, forced snapshot), the long-running ingest runs, reconstruct.
 
 `force_snapshot` is what an operator launches from the UI or over GraphQL (`launchRun` /
 `DagsterGraphQLClient.submit_job_execution` with the table as the partition, tag
@@ -12,8 +12,9 @@ import dagster as dg
 
 from resources.spark import SparkResource
 from snapshot_assets.assets import diff, manifest, snapshot
+from snapshot_assets.run_history import INGEST_JOB
 from snapshot_assets.services import run_ingest_service
-from snapshot_assets.tables import config, pipeline
+from snapshot_assets.tables import INGEST_TABLE_TAG, config, pipeline
 
 diff_job = dg.define_asset_job("diff_job", selection=[diff, manifest],
                                description="Write a diff (the net change per key since the head) and commit it.")
@@ -24,21 +25,36 @@ force_snapshot = dg.define_asset_job(
     description="Write a snapshot of the table now, whatever the policy says, and commit it as a new epoch.")
 
 
-@dg.op(description="Run every configured table's subscriber into its change buffer until the run is terminated.")
-def ingest_tables(context: dg.OpExecutionContext) -> None:
-    stop = threading.Event()
-    outcomes = run_ingest_service(config(), stop=stop)
-    failed = [o for o in outcomes if o.error is not None]
-    for o in outcomes:
-        context.log.info(f"{o.table}: {'failed: ' + str(o.error) if o.error else 'source ended'}")
-    if failed:
-        raise dg.Failure(f"ingest failed for {', '.join(o.table for o in failed)}: {failed[0].error}")
+@dg.op(description="Run one table's subscriber into its change buffer until the run is terminated.")
+def ingest_table(context: dg.OpExecutionContext) -> None:
+    """Ingest the table named by the run's `snapshotter/ingest_table` tag.
+
+    One run per table (not one run for all tables): a table's ingest failing, crashing or being
+    killed ends only its own run, so the others keep running; the failure is that table's failed
+    run in Dagster's records, which `snapshotter status`, the metrics and the run-failure alert read
+    (tag-filtered), and the ingest_supervisor sensor relaunches that table alone with backoff. An
+    in-process supervisor restarting threads could do neither for a crash of the process itself
+    (kill -9, out of memory), and would need a side channel for status to see a restarting table.
+    """
+    table = context.run.tags.get(INGEST_TABLE_TAG, "")
+    if not table:
+        names = ", ".join(t.name for t in config().tables)
+        raise dg.Failure(f"{INGEST_JOB} feeds one table: launch it with the tag {INGEST_TABLE_TAG}=<schema.table> "
+                         f"(the ingest_supervisor sensor does); configured: {names}")
+    try:
+        chosen = config().table(table)
+    except KeyError as e:
+        raise dg.Failure(str(e.args[0])) from None
+    (outcome,) = run_ingest_service(config(), [chosen.name], stop=threading.Event())
+    if outcome.error is not None:
+        raise dg.Failure(f"ingest of {outcome.table} failed: {type(outcome.error).__name__}: {outcome.error}")
+    context.log.info(f"{outcome.table}: the source ended")
 
 
-@dg.job(description="The long-running ingest run (kept alive by the ingest_supervisor sensor).",
-        tags={"snapshotter/ingest": "all"})
+@dg.job(name=INGEST_JOB, description="The long-running ingest run of one table (tag snapshotter/ingest_table); "
+                                     "the ingest_supervisor sensor keeps one alive per table.")
 def ingest_job() -> None:
-    ingest_tables()
+    ingest_table()
 
 
 class ReconstructConfig(dg.Config):

@@ -60,8 +60,12 @@ GAUGES: tuple[tuple[str, str, Callable[[TableStatus], float | None]], ...] = (
      lambda s: s.source_lag),
     ("outbox_depth", "Events waiting in the outbox for delivery.", lambda s: s.outbox_depth),
     ("ready", "1 once the first snapshot is committed and the ingest is alive.", lambda s: float(s.ready)),
-    ("ingest_alive", "1 while a process holds the buffer's writer lock (or a Dagster ingest run is live).",
+    ("ingest_alive", "1 while a process holds the buffer's writer lock (or the table's Dagster ingest run is live).",
      lambda s: float(s.ingest_alive)),
+    ("ingest_failures", "The table's failed ingest runs in a row (0 once one runs; the supervisor relaunches it).",
+     lambda s: s.ingest_failures),
+    ("artifact_failures", "The table's failed artifact runs in a row (0 after a success; the trigger retries).",
+     lambda s: s.artifact_failures),
 )
 COUNTERS: tuple[tuple[str, str, str], ...] = (
     (ARTIFACTS_WRITTEN, "kind", "Artifacts committed, by kind."),

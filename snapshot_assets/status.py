@@ -6,8 +6,11 @@ destination shows up as that destination's error instead of hiding the others; t
 (PostgreSQL: the server's current WAL position) and the lag behind it; churn and age of the last
 snapshot; what the re-base trigger would decide now; the outbox; the persisted counters; and
 health. A table is READY once its first snapshot is committed and its ingest is alive: a process
-holds the buffer's writer lock (the Dagster ingest run or `snapshotter ingest`, seen in
-/proc/locks without touching the lock), or a Dagster ingest run is in progress.
+holds the buffer's writer lock (the table's Dagster ingest run or `snapshotter ingest`, seen in
+/proc/locks without touching the lock), or the table's own Dagster ingest run is in progress (runs
+tagged `snapshotter/ingest_table`; another table's run says nothing about this one). With a Dagster
+instance, a table whose ingest or artifact runs keep failing says so: how many in a row, the last
+run's error, and when the sensors try again (snapshot_assets/run_history.py).
 
 The same collection feeds the Prometheus exporter (metrics.py) and the manifest's metadata.
 Nothing here writes anything, and no failure of one table or destination stops the others.
@@ -37,10 +40,9 @@ from snapshot_assets.counters import Values, destination_label
 from snapshot_assets.pipeline.commit import current_manifest, read_copies
 from snapshot_assets.pipeline.decide import next_artifact, parse_time, trigger_state
 from snapshot_assets.pipeline.table import TablePipeline
+from snapshot_assets.run_history import INGEST_JOB, failure_message, failure_streak, in_progress, last_ended
+from snapshot_assets.tables import INGEST_TABLE_TAG, TABLE_TAG
 
-INGEST_JOB = "ingest_job"
-_IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-                dg.DagsterRunStatus.STARTED]
 WRITER_LOCK = ".writer.lock"  # resources/buffer/storage.py
 
 
@@ -72,6 +74,9 @@ class TableStatus:
     outbox_depth: int = 0
     ingest_alive: bool = False
     ingest: str = ""
+    ingest_failures: int = 0  # the table's failed ingest runs in a row (the supervisor relaunches it)
+    artifact_failures: int = 0  # the table's failed artifact runs in a row (the trigger retries)
+    artifact_retry: str = ""  # the last of those failures and the retry it waits for
     destinations: list[DestinationHealth] = field(default_factory=list)
     counters: Values = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -159,21 +164,46 @@ def writer_lock_holder(buffer_dir: Path) -> int | None:
     return None
 
 
-def _ingest(pipe: TablePipeline, instance: dg.DagsterInstance | None) -> tuple[bool, str]:
+def _ingest(pipe: TablePipeline, instance: dg.DagsterInstance | None, status: TableStatus) -> tuple[bool, str]:
+    """Whether the table's ingest is alive, and why (or why not, with the last failure's error)."""
     pid = writer_lock_holder(Path(pipe.cfg.buffer.path) / pipe.name)
     if pid is not None:
         return True, f"pid {pid} holds the buffer writer lock"
-    if instance is not None:
-        runs = instance.get_run_records(dg.RunsFilter(job_name=INGEST_JOB, statuses=_IN_PROGRESS), limit=1)
-        if runs:
-            run = runs[0].dagster_run
-            return True, f"ingest run {run.run_id} is {run.status.value}"
-        last = instance.get_run_records(dg.RunsFilter(job_name=INGEST_JOB), limit=1)
-        if last:
-            run = last[0].dagster_run
-            return False, f"no process holds the buffer writer lock; the last ingest run {run.run_id} " \
-                          f"ended {run.status.value}"
-    return False, "no process holds the buffer writer lock"
+    if instance is None:
+        return False, "no process holds the buffer writer lock"
+    tags = {INGEST_TABLE_TAG: pipe.name}
+    run = in_progress(instance, tags, INGEST_JOB)
+    if run is not None:
+        return True, f"ingest run {run.run_id} is {run.status.value}"
+    streak = failure_streak(instance, tags, INGEST_JOB)
+    status.ingest_failures = streak.failures
+    if streak.last is not None:
+        failed = streak.last.dagster_run.run_id
+        return False, (f"the ingest run {failed} failed ({streak.failures} in a row): "
+                       f"{failure_message(instance, failed)}; {_due(streak.retry_due(pipe.cfg.retry), 'relaunch')}")
+    last = last_ended(instance, tags, INGEST_JOB)
+    if last is not None:
+        return False, f"no process holds the buffer writer lock; the last ingest run {last.dagster_run.run_id} " \
+                      f"ended {last.dagster_run.status.value}"
+    return False, "no process holds the buffer writer lock; no ingest run yet"
+
+
+def _due(at: float, what: str) -> str:
+    wait = at - _dt.datetime.now(_dt.UTC).timestamp()
+    return f"{what} due in {wait:.0f}s" if wait > 0 else f"{what} due now"
+
+
+def _artifact_failures(pipe: TablePipeline, instance: dg.DagsterInstance | None, status: TableStatus) -> None:
+    """The table's failed artifact runs in a row, and the retry the trigger will request."""
+    if instance is None:
+        return
+    streak = failure_streak(instance, {TABLE_TAG: pipe.name})
+    status.artifact_failures = streak.failures
+    if streak.last is not None:
+        failed = streak.last.dagster_run.run_id
+        status.artifact_retry = (f"run {failed} failed ({streak.failures} in a row): "
+                                 f"{failure_message(instance, failed)}; "
+                                 f"{_due(streak.retry_due(pipe.cfg.retry), 'retry')}")
 
 
 def _buffer(pipe: TablePipeline, m: Manifest | None, status: TableStatus, now: _dt.datetime) -> None:
@@ -227,9 +257,11 @@ def table_status(pipe: TablePipeline, *, instance: dg.DagsterInstance | None = N
     _source(pipe, status)
     status.outbox_depth = outbox_depth(pipe)
     status.counters = pipe.counters.read()
-    status.ingest_alive, status.ingest = _ingest(pipe, instance)
+    status.ingest_alive, status.ingest = _ingest(pipe, instance, status)
+    _artifact_failures(pipe, instance, status)
     if m is None or m.latest_snapshot() is None:
-        status.not_ready.append("no snapshot committed yet" if m is not None else "the manifest cannot be read")
+        why = "no snapshot committed yet" if m is not None else "the manifest cannot be read"
+        status.not_ready.append(f"{why} (the last {status.artifact_retry})" if status.artifact_retry else why)
     if not status.ingest_alive:
         status.not_ready.append(f"ingest is not running: {status.ingest}")
     status.ready = not status.not_ready
@@ -281,6 +313,8 @@ def render(items: Sequence[TableStatus]) -> str:
             ("outbox", f"{s.outbox_depth} undelivered event(s)"),
             ("ingest", ("alive: " if s.ingest_alive else "DOWN: ") + s.ingest),
         ]
+        if s.artifact_retry:
+            rows.append(("artifact runs", f"FAILING: {s.artifact_retry}"))
         rows += [("destination", f"{d.destination} {'ok' if d.ok else 'ERROR'}: {d.detail}") for d in s.destinations]
         rows += [("counters", ", ".join(f"{m}{'{' + k + '}' if k else ''}={v:g}" for m, labels in
                                         sorted(s.counters.items()) for k, v in sorted(labels.items())) or "none")]

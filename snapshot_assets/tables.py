@@ -17,6 +17,10 @@ TABLE_TAG = "snapshotter/table"
 TRIGGER_TAG = "snapshotter/trigger"
 FROM_TAG = "snapshotter/from_position"
 TO_TAG = "snapshotter/to_position"
+BOUNDARY_TAG = "snapshotter/boundary"  # `table:kind:from:to`: every attempt at one artifact carries it
+ATTEMPT_TAG = "snapshotter/attempt"  # 0 for the first run of a boundary, N for its Nth retry
+RETRY_OF_TAG = "snapshotter/retry_of"  # the failed run a retry follows
+INGEST_TABLE_TAG = "snapshotter/ingest_table"  # the one table an ingest run feeds
 
 
 @functools.cache

@@ -3,18 +3,26 @@
 A test DAGSTER_HOME holds the repository's dagster.yaml (SQLite storage, the run queue with one
 run per partition) plus a threaded sensor daemon and a short dequeue interval; a workspace file
 loads `snapshot_assets.definitions` with the repository as working directory; SNAPSHOTTER_CONFIG
-names a generator source that never ends (seeded, paced), a 2 s diff interval and a churn
-threshold that re-bases within a few diffs, with the archive, buffer and Spark state under the
-test's directory (the processes run there).
+names two generator tables, with the archive, buffer and Spark state under the test's directory
+(the processes run there): `public.users`, a source that never ends (seeded, paced), a 2 s diff
+interval, a 45 s snapshot floor and a churn threshold that re-bases after the first diff(s); and
+`public.quiet`, which sends its initial load and one transaction and then nothing, with a 2 s
+retry backoff.
 
 Nothing is launched by hand until the sensors have done their part, within a bounded time:
-- `ingest_supervisor` launched the ingest run, which stays STARTED (launched once, never relaunched);
-- `rebase_trigger` drove the initial snapshot, at least one diff run and a re-base (a snapshot run
-  with trigger max_churn_records), every artifact run launched by that sensor;
+- the quiet table's first snapshot fails once for a real fault (its destination cannot hold the
+  epoch's objects: a file stands where their folder must be); `status` says why it is not ready;
+  the fault is removed, nothing changes in the source, and the `rebase_trigger` sensor's retry of
+  the same boundary (run key `<boundary>:retry-N`, tags naming the attempt and the failed run)
+  commits the snapshot;
+- `ingest_supervisor` launched one ingest run per table; users' stays STARTED (never relaunched)
+  while the quiet table's, terminated over GraphQL, is relaunched alone;
+- `rebase_trigger` drove users' initial snapshot, at least one diff run and a re-base (a snapshot
+  run with trigger max_churn_records), every artifact run launched by that sensor;
 - the manifest on the destination says the same: valid chain, a diff, an epoch >= 2.
 Then a forced snapshot is launched over GraphQL (`DagsterGraphQLClient.submit_job_execution` with
 the table's partition tag), succeeds, and lands in the manifest as a new epoch at the position its
-materialization reports. Finally the supervisor is stopped and the ingest run terminated over
+materialization reports. Finally the sensors are stopped and users' ingest run terminated over
 GraphQL (it ends CANCELED, its buffer sealed), and both processes are stopped with SIGTERM (SIGKILL
 after a grace period); their process groups (run workers included) are gone whatever happened.
 """
@@ -48,18 +56,30 @@ from snapshot_assets.archive.manifest import Manifest
 from snapshot_assets.archive.positions import compare_lsn
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.config import TableConfig, load_config
-from snapshot_assets.tables import TRIGGER_TAG
+from snapshot_assets.pipeline.table import TablePipeline
+from snapshot_assets.status import table_status
+from snapshot_assets.tables import (
+    ATTEMPT_TAG,
+    BOUNDARY_TAG,
+    INGEST_TABLE_TAG,
+    RETRY_OF_TAG,
+    TO_TAG,
+    TRIGGER_TAG,
+)
 from tests.e2e.conftest import REPO, e2e_env
 
 pytestmark = pytest.mark.slow
 
 TABLE: Final = "public.users"
+QUIET: Final = "public.quiet"
 LOCATION: Final = "snapshotter"
-SENSORS_DEADLINE_S: Final = 240.0
+SENSORS_DEADLINE_S: Final = 360.0
 FORCED_DEADLINE_S: Final = 150.0
+RETRY_DEADLINE_S: Final = 300.0  # a Spark snapshot run takes minutes on a loaded 2-core machine
 STOP_GRACE_S: Final = 30.0
 SENSOR_TAG: Final = "dagster/sensor_name"
 PARTITION_TAG: Final = "dagster/partition"
+RUN_KEY_TAG: Final = "dagster/run_key"
 TERMINAL: Final = frozenset({dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE,
                              dg.DagsterRunStatus.CANCELED})
 T = TypeVar("T")
@@ -92,22 +112,36 @@ def write_setup(work: Path) -> tuple[Path, Path, Path]:
     config = work / "snapshotter.conf"
     config.write_text(f"""
 snapshotter {{
-  source {{
-    type = generator
-    schema = public
-    table = users
-    generator {{ seed = 99, rows = 500, rate = 25 }}
-  }}
-  key_fields = [id]
-  diff.interval = 2s
-  snapshot {{ min_interval = 0s, max_churn_records = 1500 }}
-  retention.keep_epochs = 0
-  destinations = [ {{ type = local, path = "{work / 'archive'}" }} ]
-  formats {{
-    snapshot = [jsonl, protobuf, parquet]
-    diff = [jsonl, protobuf, parquet]
-  }}
   buffer {{ path = "{work / 'buffer'}", seal_interval = 500ms }}
+  tables = [
+    {{
+      source {{
+        type = generator
+        schema = public
+        table = users
+        generator {{ seed = 99, rows = 500, rate = 25 }}
+      }}
+      key_fields = [id]
+      diff.interval = 2s
+      # A diff first (inside the floor), then a churn re-base, however long a Spark run takes.
+      snapshot {{ min_interval = 45s, max_churn_records = 1500 }}
+      retention.keep_epochs = 0
+      destinations = [ {{ type = local, path = "{work / 'archive'}" }} ]
+      formats {{
+        snapshot = [jsonl, protobuf, parquet]
+        diff = [jsonl, protobuf, parquet]
+      }}
+    }}
+    {{
+      # Quiet: the initial load and one transaction, then nothing for hours.
+      source {{ type = generator, schema = public, table = quiet, generator {{ seed = 7, rows = 50, rate = 0.0001 }} }}
+      key_fields = [id]
+      diff.interval = 2s
+      retry {{ backoff = 2s, max_backoff = 4s }}
+      destinations = [ {{ type = local, path = "{work / 'archive'}" }} ]
+      formats {{ snapshot = [jsonl], diff = [jsonl] }}
+    }}
+  ]
 }}
 """)
     return home, workspace, config
@@ -288,6 +322,42 @@ def no_artifact_run_in_progress(instance: dg.DagsterInstance) -> bool | None:
     return True if not busy else None
 
 
+def ingest_runs(instance: dg.DagsterInstance, table: str) -> list[dg.DagsterRun]:
+    return [r for r in runs(instance, "ingest_job") if r.tags.get(INGEST_TABLE_TAG) == table]
+
+
+def block_snapshot_writes(table: TableConfig) -> Path:
+    """A real fault, also for root: a file where the table's first epoch folder must be. The manifest
+    still reads (no manifest yet), every upload of a first snapshot fails; removing the file heals it."""
+    blocker = Path(table.destinations[0]["path"]) / f"{table.key_prefix}epoch=1"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a folder: the destination refuses this epoch's objects")
+    return blocker
+
+
+def durable_position(table: TableConfig) -> str | None:
+    return BufferReader(table.buffer.path, table.name).durable_position()
+
+
+def failed_at_durable_position(instance: dg.DagsterInstance, table: TableConfig) -> dg.DagsterRun | None:
+    """A failed snapshot run of the table whose boundary is the buffer's (settled) durable position."""
+    durable = durable_position(table)
+    failed = [r for r in runs(instance, "snapshot_job") if r.tags.get(PARTITION_TAG) == table.name
+              and r.status == dg.DagsterRunStatus.FAILURE and r.tags.get(TO_TAG) == durable]
+    return failed[-1] if failed else None
+
+
+def succeeded(instance: dg.DagsterInstance, boundary: str) -> dg.DagsterRun | None:
+    ok = [r for r in runs(instance) if r.tags.get(BOUNDARY_TAG) == boundary and r.status == dg.DagsterRunStatus.SUCCESS]
+    return ok[0] if ok else None
+
+
+def relaunched(instance: dg.DagsterInstance, table: str, after: str) -> dg.DagsterRun | None:
+    """The table's ingest run launched after run `after` ended, once it is running."""
+    later = [r for r in ingest_runs(instance, table) if r.run_id != after and r.status == dg.DagsterRunStatus.STARTED]
+    return later[0] if later else None
+
+
 @dataclass
 class SensorProgress:
     ingest: dg.DagsterRun
@@ -298,8 +368,9 @@ class SensorProgress:
 
 def sensor_progress(instance: dg.DagsterInstance, table: TableConfig) -> SensorProgress | None:
     """The sensors' work so far, once it includes an ingest run, a diff and a policy re-base."""
-    ingest = runs(instance, "ingest_job")
-    ok = [r for r in runs(instance) if r.status == dg.DagsterRunStatus.SUCCESS]
+    ingest = ingest_runs(instance, table.name)
+    ok = [r for r in runs(instance)
+          if r.status == dg.DagsterRunStatus.SUCCESS and r.tags.get(PARTITION_TAG) == table.name]
     diffs = [r for r in ok if r.job_name == "diff_job"]
     rebases = [r for r in ok if r.job_name == "snapshot_job" and r.tags.get(TRIGGER_TAG) == "max_churn_records"]
     manifest = load_manifest(table)
@@ -311,7 +382,8 @@ def sensor_progress(instance: dg.DagsterInstance, table: TableConfig) -> SensorP
 def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     started = time.monotonic()
     home, workspace, config = write_setup(workdir)
-    table = load_config(config, env={}).tables[0]
+    table, quiet = load_config(config, env={}).tables
+    blocker = block_snapshot_writes(quiet)
     monkeypatch.setenv("DAGSTER_HOME", str(home))  # this process reads the same instance
     port = _free_port()
 
@@ -319,23 +391,56 @@ def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyP
             dg.DagsterInstance.from_config(str(home)) as instance:
         info = server_info(port)
         assert info is not None and "dagster_webserver_version" in info, info
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
 
-        # 1. The sensors, unaided: ingest, then diffs and a policy re-base.
+        # 1. The quiet table's initial snapshot fails (its destination refuses the objects); status says
+        #    why. Nothing changes in its source, the destination is healed, and the sensor's retry of the
+        #    same boundary lands.
+        failed = wait_for(lambda: failed_at_durable_position(instance, quiet), SENSORS_DEADLINE_S,
+                          "a failed initial snapshot of the quiet table", procs)
+        boundary = failed.tags[BOUNDARY_TAG]
+        down = table_status(TablePipeline(quiet), instance=instance)
+        assert not down.ready and down.artifact_failures >= 1, down
+        assert any(r.startswith("no snapshot committed yet (the last run ") for r in down.not_ready), down.not_ready
+        blocker.unlink()
+        landed = wait_for(lambda: succeeded(instance, boundary), RETRY_DEADLINE_S,
+                          f"the sensor's retry of {boundary}", procs)
+        attempt = landed.tags[ATTEMPT_TAG]
+        assert int(attempt) >= 1 and landed.tags[SENSOR_TAG] == "rebase_trigger"
+        assert landed.tags[RUN_KEY_TAG] == f"{boundary}:retry-{attempt}"
+        retry_of = instance.get_run_by_id(landed.tags[RETRY_OF_TAG])
+        assert retry_of is not None and retry_of.status == dg.DagsterRunStatus.FAILURE
+        assert retry_of.tags[BOUNDARY_TAG] == boundary
+        assert durable_position(quiet) == failed.tags[TO_TAG], "the quiet table's source changed"
+        quiet_manifest = load_manifest(quiet)
+        assert quiet_manifest is not None
+        assert [(a.kind, a.to_position) for a in quiet_manifest.artifacts] == [("snapshot", failed.tags[TO_TAG])]
+        up = table_status(TablePipeline(quiet), instance=instance)
+        assert up.ready and up.artifact_failures == 0, up
+        retried_s = time.monotonic() - started
+
+        # 2. One table's ingest run ends (terminated over GraphQL) while the other's runs: the supervisor
+        #    relaunches that table's alone (checked after step 4, which runs meanwhile).
+        (quiet_ingest,) = ingest_runs(instance, QUIET)
+        client.terminate_run(quiet_ingest.run_id)
+
+        # 3. The sensors, unaided: ingest, then diffs and a policy re-base.
         progress = wait_for(lambda: sensor_progress(instance, table), SENSORS_DEADLINE_S,
                             "ingest run + sensor-driven diff + max_churn_records re-base", procs, interval_s=3.0)
         sensors_s = time.monotonic() - started
         all_runs = runs(instance)
         assert all(r.tags.get(SENSOR_TAG) for r in all_runs), \
             [(r.job_name, r.tags) for r in all_runs if not r.tags.get(SENSOR_TAG)]
-        ingest_runs = runs(instance, "ingest_job")
-        assert len(ingest_runs) == 1, [r.status for r in ingest_runs]
-        ingest = ingest_runs[0]
+        users_ingest = ingest_runs(instance, TABLE)
+        assert len(users_ingest) == 1, [r.status for r in users_ingest]
+        ingest = users_ingest[0]
         assert ingest.tags[SENSOR_TAG] == "ingest_supervisor"
         assert ingest.status == dg.DagsterRunStatus.STARTED
         artifact_runs = [r for r in all_runs if r.job_name in ("diff_job", "snapshot_job")]
-        assert all(r.tags[SENSOR_TAG] == "rebase_trigger" and r.tags.get(PARTITION_TAG) == TABLE
+        assert all(r.tags[SENSOR_TAG] == "rebase_trigger" and r.tags.get(PARTITION_TAG) in (TABLE, QUIET)
                    for r in artifact_runs)
-        assert not [r for r in artifact_runs if r.status == dg.DagsterRunStatus.FAILURE], "an artifact run failed"
+        assert not [r for r in artifact_runs if r.status == dg.DagsterRunStatus.FAILURE
+                    and r.tags.get(PARTITION_TAG) != QUIET], "an artifact run failed"
         for run in progress.diffs:
             assert materializations(instance, run.run_id, "diff"), f"diff run {run.run_id} materialized no diff"
         rebase = materializations(instance, progress.rebases[0].run_id, "snapshot")
@@ -348,9 +453,8 @@ def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyP
         assert any(a.is_snapshot and a.epoch == rebase[0]["epoch"] and a.to_position == rebase[0]["to_position"]
                    for a in manifest.artifacts)
 
-        # 2. A forced snapshot over GraphQL lands as a new epoch.
+        # 4. A forced snapshot over GraphQL lands as a new epoch.
         epoch_before = manifest.epoch
-        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
         run_id = client.submit_job_execution("force_snapshot", tags={PARTITION_TAG: TABLE})
         status = wait_for(lambda: ended_status(client.get_run_status(run_id)), FORCED_DEADLINE_S,
                           f"end of the forced snapshot run {run_id}", procs)
@@ -372,18 +476,25 @@ def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyP
 
         current = instance.get_run_by_id(ingest.run_id)
         assert current is not None and current.status == dg.DagsterRunStatus.STARTED, "the ingest run did not stay up"
-        assert len(runs(instance, "ingest_job")) == 1, "the ingest run was relaunched"
+        assert len(ingest_runs(instance, TABLE)) == 1, "the users ingest run was relaunched"
 
-        # 3. Stop the sensors (no relaunch, no new artifact run), let artifact runs finish, then terminate
+        # 2, continued: the quiet table's ingest is back, by the supervisor; users' was not touched.
+        again = wait_for(lambda: relaunched(instance, QUIET, quiet_ingest.run_id), FORCED_DEADLINE_S,
+                         "the relaunch of the quiet table's ingest run", procs)
+        assert ended_status(run_status(instance, quiet_ingest.run_id)) == dg.DagsterRunStatus.CANCELED
+        assert again.tags["snapshotter/launch_reason"] == f"previous run {quiet_ingest.run_id} ended CANCELED"
+        assert [r.run_id for r in ingest_runs(instance, TABLE)] == [ingest.run_id]
+
+        # 5. Stop the sensors (no relaunch, no new artifact run), let artifact runs finish, then terminate
         #    the ingest run over GraphQL.
         for name in ("ingest_supervisor", "rebase_trigger"):
             assert stop_sensor(port, name) == "STOPPED"
         for _ in range(2):  # twice: a tick that was already evaluating may still have submitted a run
             wait_for(lambda: no_artifact_run_in_progress(instance), FORCED_DEADLINE_S, "artifact runs to end", procs)
             time.sleep(6)
-        failed = [r.run_id for r in runs(instance) if r.job_name != "ingest_job"
-                  and r.status != dg.DagsterRunStatus.SUCCESS]
-        assert not failed, f"artifact runs did not succeed: {failed}"
+        unsuccessful = [r.run_id for r in runs(instance) if r.job_name != "ingest_job"
+                        and r.status != dg.DagsterRunStatus.SUCCESS and r.tags.get(BOUNDARY_TAG) != boundary]
+        assert not unsuccessful, f"artifact runs did not succeed: {unsuccessful}"
         client.terminate_run(ingest.run_id)
         ended = wait_for(lambda: ended_status(run_status(instance, ingest.run_id)), 90,
                          "the end of the terminated ingest run", procs)
@@ -394,5 +505,6 @@ def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyP
         codes = {p.name: stop_service(p) for p in reversed(procs)}
     for name, code in codes.items():
         assert code is not None, f"{name} did not stop on SIGTERM"
-    print(f"sensors did their part in {sensors_s:.0f}s; epochs {epoch_before} -> {after.epoch}; "
+    print(f"quiet table's snapshot retried in {retried_s:.0f}s (attempt {attempt}); sensors did their part in "
+          f"{sensors_s:.0f}s; epochs {epoch_before} -> {after.epoch}; "
           f"{len(progress.diffs)} diff run(s); total {time.monotonic() - started:.0f}s")
