@@ -16,9 +16,9 @@ How:
   task    per key, in seq order (`_resolve`): a partial before-image becomes the key's previous
           image; an after-image takes its missing columns from it; a primary-key change hands
           its old key's image on to the new key as a stage-0 "carried" row.
-  rounds  a carried image reaches the new key in the next pass; passes repeat while the number
-          of unresolved effects falls (a chain of k key changes of one row in one window takes
-          k passes; one pass is the usual case).
+  rounds  a carried image reaches the new key in the next pass, which runs over the keys still
+          missing values only; passes repeat while their number falls (a chain of k key changes
+          of one row in one window takes k + 1 passes; one pass is the usual case).
 What is still missing after that has no earlier image anywhere in the archive (the archive started
 after the row was written and never held it): `UnfillableValue` names key, columns and position,
 and the caller commits nothing.
@@ -43,6 +43,7 @@ from snapshot_assets.spark.effects import (
     effect_batch,
     encode_row,
     group_by_key,
+    materialize,
     partial_image,
 )
 
@@ -121,25 +122,38 @@ def resolve_images(spark: SparkSession, effects: DataFrame, base: Base | None, k
             "CAST(NULL AS STRING) AS before", "row AS after", "CAST(NULL AS STRING) AS source_key",
             "CAST(NULL AS STRING) AS missing", "CAST(NULL AS STRING) AS link", "false AS needs_base")
     func = functools.partial(_resolve, key_fields=fields)
-    carried = spark.createDataFrame([], EFFECT_DDL)
-    unresolved: int | None = None
-    for attempt in range(1 << 16):
+    inputs = effects.unionByName(images)
+
+    def run_pass(frame: DataFrame, attempt: int) -> DataFrame:
         path = scratch / f"pass={attempt}"
-        grouped = group_by_key(effects.unionByName(images).unionByName(carried), partitions)
-        grouped.mapInArrow(func, EFFECT_DDL).write.mode("overwrite").parquet(str(path))
-        done = spark.read.schema(EFFECT_DDL).parquet(str(path))
-        left = done.filter(f"stage = {CHANGE_STAGE} AND missing IS NOT NULL").count()
+        group_by_key(frame, partitions).mapInArrow(func, EFFECT_DDL).write.mode("overwrite").parquet(str(path))
+        return spark.read.schema(EFFECT_DDL).parquet(str(path))
+
+    done = run_pass(inputs, 0)
+    resolved = done.filter(f"stage = {CHANGE_STAGE}")
+    carried = done.filter(f"stage = {IMAGE_STAGE} AND after IS NOT NULL")
+    previous: int | None = None
+    for attempt in range(1, 1 << 16):
+        left = resolved.filter("missing IS NOT NULL").count()
         if left == 0:
-            return done.filter(f"stage = {CHANGE_STAGE}")
-        if unresolved is not None and left >= unresolved:
+            return resolved
+        if previous is not None and left >= previous:
             break
-        unresolved = left
-        carried = done.filter(f"stage = {IMAGE_STAGE} AND after IS NOT NULL")
-    raise _unfillable(done, window, left)
+        previous = left
+        # Only the keys still missing values go round again, with every image carried to them so far.
+        keys = resolved.filter("missing IS NOT NULL").select("key").distinct()
+        again = run_pass(inputs.join(keys, "key", "left_semi").unionByName(carried.join(keys, "key", "left_semi")),
+                         attempt)
+        kept = resolved.join(keys, "key", "left_anti")
+        resolved = materialize(kept.unionByName(again.filter(f"stage = {CHANGE_STAGE}")),
+                               scratch / f"resolved={attempt}", EFFECT_DDL)
+        carried = carried.unionByName(again.filter(f"stage = {IMAGE_STAGE} AND after IS NOT NULL")) \
+            .dropDuplicates(["key", "seq"])
+    raise _unfillable(resolved, window, left)
 
 
-def _unfillable(done: DataFrame, window: DataFrame, left: int) -> UnfillableValue:
-    rows = (done.filter(f"stage = {CHANGE_STAGE} AND missing IS NOT NULL").orderBy("seq")
+def _unfillable(resolved: DataFrame, window: DataFrame, left: int) -> UnfillableValue:
+    rows = (resolved.filter("missing IS NOT NULL").orderBy("seq")
             .select("key", "seq", "missing").limit(_REPORTED).collect())
     seqs = [int(r["seq"]) for r in rows]
     positions = {int(r["seq"]): r["position"] for r in
