@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from types import FrameType
 
 from resources.buffer import ChangeBuffer
-from resources.subscribers.events import Event, ResumesWithSchema, ResyncEnd, Subscriber, TxEnd
+from resources.subscribers.events import Event, ResumesWithSchema, ResyncBegin, ResyncEnd, Subscriber, TxEnd
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,9 @@ _Item = list[Event] | _End | _Failure
 class _Producer:
     """Reads `subscriber.events(start)` on a thread into a bounded queue, in boundary-ended chunks.
 
-    Chunks end at every TxEnd/ResyncEnd (the only places a seal can happen, so chunking never
-    delays durability) or after `_CHUNK_EVENTS` events.
+    Chunks end at every TxEnd/ResyncBegin/ResyncEnd (the only places a seal can happen, so chunking
+    never delays durability; a ResyncBegin may be followed by a long wait for the source's copy to
+    start) or after `_CHUNK_EVENTS` events.
     """
 
     def __init__(self, subscriber: Subscriber, start: str | None) -> None:
@@ -107,7 +108,7 @@ class _Producer:
         try:
             for event in self._subscriber.events(self._start):
                 chunk.append(event)
-                if isinstance(event, TxEnd | ResyncEnd) or len(chunk) >= _CHUNK_EVENTS:
+                if isinstance(event, TxEnd | ResyncBegin | ResyncEnd) or len(chunk) >= _CHUNK_EVENTS:
                     if not self._put(chunk):
                         return
                     chunk = []
