@@ -30,6 +30,7 @@ from resources.subscribers.events import (
 )
 from resources.subscribers.postgres import PostgresSubscriber
 from snapshot_assets.archive.changes import Row
+from snapshot_assets.archive.positions import format_lsn
 from tests.pg import test_postgres_source as pgsrc
 from tests.pg.test_postgres_source import Db, Names, Stream
 
@@ -84,6 +85,13 @@ def wait_for_slots(db: Db, names: Names, expected: list[str], timeout: float = 1
         time.sleep(0.05)
 
 
+def wait_for_confirmed(db: Db, names: Names, position: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while pgsrc._confirmed(db, names.slot) != pgsrc._lsn(position):
+        assert time.monotonic() < deadline, f"the slot never confirmed {position}"
+        time.sleep(0.05)
+
+
 class Started:
     """A subscriber after the initial load of a fresh table; `schema` is the one it announced."""
 
@@ -116,10 +124,20 @@ def test_add_column_with_default_resyncs_every_row_in_the_new_shape(source: Sour
     assert (extra.type, extra.type_oid, extra.default, extra.nullable) == ("integer", 23, "5", True)
     assert pgsrc._lsn(resync.end.position) > altered_at
 
+    # Acknowledgements: the slot holds on to everything after the last acknowledged position
+    # through the re-sync, then follows the copy's position and the stream after it.
+    first.sub.acknowledge(before.position)
+    assert pgsrc._confirmed(db, names.slot) <= pgsrc._lsn(before.position)
+    with pytest.raises(ValueError, match="beyond the last position"):
+        first.sub.acknowledge(format_lsn(pgsrc._lsn(resync.end.position) + 1))
+    first.sub.acknowledge(resync.end.position)
     db.tx(f"INSERT INTO {names.table} (id, v) VALUES (4, 40)")
     (after,) = stream.transactions(1)
     assert [c.new for c in after.changes] == [{"id": 4, "v": 40, "extra": 5}]
     assert all(isinstance(e, ChangeEvent | TxEnd) for e in after.events)
+    wait_for_confirmed(db, names, resync.end.position)
+    first.sub.acknowledge(after.position)
+    wait_for_confirmed(db, names, after.position)
     wait_for_slots(db, names, [names.slot])  # the table's slot stays; the temporary one is gone
 
 
@@ -215,14 +233,14 @@ def test_a_resync_cut_short_keeps_the_slot_and_is_done_again_on_resume(source: S
     db.tx(f"INSERT INTO {names.table} VALUES (301, 301)")
     (tx,) = stream.transactions(1)
     sub.acknowledge(tx.position)
-    confirmed = pgsrc._confirmed(db, names.slot)
+    wait_for_confirmed(db, names, tx.position)
     db.tx(f"ALTER TABLE {names.table} ALTER COLUMN v TYPE bigint", f"UPDATE {names.table} SET v = 0 WHERE id = 1")
     events = stream._until(lambda e: isinstance(e, SnapshotRow), 20)  # the copy has begun...
     assert any(isinstance(e, ResyncBegin) for e in events)
     sub.close()  # ...and the process dies: nothing after the acknowledged position was confirmed
     pgsrc._wait_inactive(db, names.slot)
     wait_for_slots(db, names, [names.slot])
-    assert pgsrc._confirmed(db, names.slot) == confirmed
+    assert pgsrc._confirmed(db, names.slot) == pgsrc._lsn(tx.position)
 
     resumed, _ = source()
     resumed.resume_schema(schema)
