@@ -7,8 +7,8 @@ DEFAULT (every existing row reads it at the source without any change being sent
 inside a transaction that also writes rows, column type changes int -> bigint -> text, and an ADD
 COLUMN without DEFAULT as the very last statement of a round, so that the next run resumes from a
 position before the ALTER and only the buffer knows which shape its rows have. In three rounds a
-first `run --once` is killed with SIGKILL after a random delay (during ingest, the re-sync, Spark
-or the commit) and the command is simply run again.
+first `run --once` is killed with SIGKILL after a random delay (wherever it is by then: ingest,
+the re-sync, Spark or the commit) and the command is simply run again.
 
 The oracle is the source itself. Each workload transaction ends with `SELECT to_jsonb(t)` of the
 whole table, the column list from the catalog, and `pg_current_wal_insert_lsn()` (B_i); with one
