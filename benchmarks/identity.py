@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -37,7 +39,7 @@ from resources.buffer import BufferReader, ChangeBuffer  # noqa: E402
 from resources.subscribers.events import TxEnd  # noqa: E402
 from resources.subscribers.generator import KEY_FIELDS, GeneratorSubscriber  # noqa: E402
 from snapshot_assets.archive.positions import format_lsn  # noqa: E402
-from snapshot_assets.spark.bases import LayeredBase, StateBase, choose_base  # noqa: E402
+from snapshot_assets.spark.bases import LayeredBase, choose_base  # noqa: E402
 from snapshot_assets.spark.diff import build_diff  # noqa: E402
 from snapshot_assets.spark.session import LOCAL_DEFAULTS, classic_session  # noqa: E402
 from snapshot_assets.spark.snapshot import build_snapshot  # noqa: E402
@@ -72,38 +74,46 @@ def source_side(updates: int, value_bytes: int) -> list[tuple[str, int, float]]:
     return out
 
 
-def archive_side(rows: int, changes: int, work: Path) -> list[tuple[str, float, int]]:
-    """(identity, diff build seconds, net changes) of the same window shaped for each identity."""
+def _prepared(spark: Any, identity: str, rows: int, changes: int, root: Path) -> tuple[BufferReader, str, str, Any]:
+    """A buffer of the generator's stream shaped for `identity`, and the STATE of its initial load."""
+    gen = GeneratorSubscriber("public.users", seed=3, rows=rows, changes=changes, pk_change=0.02,
+                              tx_size=(5, 20), identity=identity)
+    last = ""
+    with ChangeBuffer(root / "buffer", "public.users", seal_interval=3600.0, seal_changes=100_000) as buf:
+        for event in gen.events(None):
+            buf.append(event)
+            if isinstance(event, TxEnd):
+                last = event.position
+        buf.seal()
+    reader = BufferReader(root / "buffer", "public.users")
+    start = gen.initial_position
+    base, segments = choose_base(reader, start)
+    snap = build_snapshot(spark, base, segments, start, KEY_FIELDS, ("parquet",), root / "s", root / "state")
+    return reader, start, last, snap.details["state"]
+
+
+def archive_side(rows: int, changes: int, repeats: int, work: Path) -> dict[str, list[float]]:
+    """Diff build seconds per identity, runs alternating FULL, DEFAULT, FULL, ... so that load from
+    other work falls on both alike; also the net change count (equal for both)."""
     conf = {**LOCAL_DEFAULTS, "spark.sql.shuffle.partitions": "4", "spark.driver.memory": "3g",
             "spark.ui.showConsoleProgress": "false"}
     spark = classic_session("local[2]", conf, "identity-bench")
     spark.sparkContext.setLogLevel("ERROR")
-    out = []
+    times: dict[str, list[float]] = {"full": [], "default": [], "count": []}
     try:
-        for identity in ("full", "default"):
-            root = work / identity
-            gen = GeneratorSubscriber("public.users", seed=3, rows=rows, changes=changes, pk_change=0.02,
-                                      tx_size=(5, 20), identity=identity)
-            last = ""
-            with ChangeBuffer(root / "buffer", "public.users", seal_interval=3600.0, seal_changes=100_000) as buf:
-                for event in gen.events(None):
-                    buf.append(event)
-                    if isinstance(event, TxEnd):
-                        last = event.position
-                buf.seal()
-            reader = BufferReader(root / "buffer", "public.users")
-            start = gen.initial_position
-            base, segments = choose_base(reader, start)
-            snap = build_snapshot(spark, base, segments, start, KEY_FIELDS, ("parquet",), root / "s",
-                                  root / "state")
-            state: StateBase = snap.details["state"]
-            began = time.perf_counter()
-            built = build_diff(spark, reader.segments(start, last), LayeredBase(state, ()), last, KEY_FIELDS,
-                               FORMATS, root / "d", root / "delta")
-            out.append((identity, time.perf_counter() - began, built.count))
+        prepared = {identity: _prepared(spark, identity, rows, changes, work / identity)
+                    for identity in ("full", "default")}
+        for run in range(repeats + 1):  # run 0 warms the JVM and the Python workers up, not counted
+            for identity, (reader, start, last, state) in prepared.items():
+                began = time.perf_counter()
+                built = build_diff(spark, reader.segments(start, last), LayeredBase(state, ()), last, KEY_FIELDS,
+                                   FORMATS, work / identity / f"d{run}", work / identity / f"delta{run}")
+                if run:
+                    times[identity].append(time.perf_counter() - began)
+                    times["count"].append(built.count)
     finally:
         spark.stop()
-    return out
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,13 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--value-bytes", type=int, default=16_384)
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--changes", type=int, default=50_000)
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     load = os.getloadavg()[0]
     source = source_side(args.updates, args.value_bytes)
     with tempfile.TemporaryDirectory() as tmp:
-        archive = archive_side(args.rows, args.changes, Path(tmp))
+        archive = archive_side(args.rows, args.changes, args.repeats, Path(tmp))
     (_, wal_full, rl_full), (_, wal_default, rl_default) = source
-    (_, t_full, n_full), (_, t_default, n_default) = archive
+    t_full, t_default = statistics.median(archive["full"]), statistics.median(archive["default"])
+    ratio = statistics.median(d / f for f, d in zip(archive["full"], archive["default"], strict=True))
+    n_net = archive["count"][0]
     lines = [
         SECTION, "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, load average {load:.1f} at the start "
@@ -133,14 +146,17 @@ def main(argv: list[str] | None = None) -> int:
         f"| DEFAULT | {wal_default / 2**20:.1f} MiB | {wal_default / args.updates:,.0f} B | {rl_default:.2f} s |",
         f"| FULL / DEFAULT | {wal_full / wal_default:.1f}× | | {rl_full / rl_default:.1f}× |",
         "",
-        f"Archive: the diff job over {args.changes:,} generator changes on a {args.rows:,}-row table "
-        "(jsonl + protobuf + parquet, Spark local[2]), the same stream shaped for each identity.",
+        f"Archive: the diff job over {args.changes:,} generator changes ({n_net:,} net) on a {args.rows:,}-row "
+        "table (jsonl + protobuf + parquet, Spark local[2]), the same stream shaped for each identity; "
+        f"{args.repeats} runs of each after a warm-up, alternating; medians, and the median of the "
+        "pairwise ratios.",
         "",
-        "| changes shaped as | diff build | net changes |",
-        "|---|---:|---:|",
-        f"| FULL (complete images, no base join) | {t_full:.1f} s | {n_full:,} |",
-        f"| DEFAULT (images filled from the state) | {t_default:.1f} s | {n_default:,} |",
-        f"| DEFAULT / FULL | {t_default / t_full:.2f}× | |",
+        "| changes shaped as | diff build (median) | runs |",
+        "|---|---:|---|",
+        f"| FULL (complete images, no base join) | {t_full:.1f} s | {', '.join(f'{t:.1f}' for t in archive['full'])} |",
+        f"| DEFAULT (images filled from the state) | {t_default:.1f} s | "
+        f"{', '.join(f'{t:.1f}' for t in archive['default'])} |",
+        f"| DEFAULT / FULL | {ratio:.2f}× | |",
     ]
     text = "\n".join(lines) + "\n"
     print(text)

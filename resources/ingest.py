@@ -6,6 +6,9 @@ was appended but not sealed when the process dies (or the source fails) is re-se
 from that position, and the buffer assigns it the same seqs again; whatever was sealed is never
 re-sent. So kill -9 at any instant loses nothing and duplicates nothing, and no restart needs a new
 snapshot (None — nothing durable yet — is the only case that starts with the initial load).
+A source that cannot tell by itself which table shape the buffer's rows have
+(`ResumesWithSchema`: PostgreSQL after an ALTER TABLE) is told the buffer's durable schema before
+each (re)connection.
 
 Threads: the source is read on a producer thread into a small bounded queue (so a quiet source
 cannot delay a due seal, and `stop` is honoured within a tick even while the source blocks); the
@@ -37,7 +40,7 @@ from dataclasses import asdict, dataclass
 from types import FrameType
 
 from resources.buffer import ChangeBuffer
-from resources.subscribers.events import Event, ResyncEnd, Subscriber, TxEnd
+from resources.subscribers.events import Event, ResumesWithSchema, ResyncBegin, ResyncEnd, Subscriber, TxEnd
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +81,9 @@ _Item = list[Event] | _End | _Failure
 class _Producer:
     """Reads `subscriber.events(start)` on a thread into a bounded queue, in boundary-ended chunks.
 
-    Chunks end at every TxEnd/ResyncEnd (the only places a seal can happen, so chunking never
-    delays durability) or after `_CHUNK_EVENTS` events.
+    Chunks end at every TxEnd/ResyncBegin/ResyncEnd (the only places a seal can happen, so chunking
+    never delays durability; a ResyncBegin may be followed by a long wait for the source's copy to
+    start) or after `_CHUNK_EVENTS` events.
     """
 
     def __init__(self, subscriber: Subscriber, start: str | None) -> None:
@@ -104,7 +108,7 @@ class _Producer:
         try:
             for event in self._subscriber.events(self._start):
                 chunk.append(event)
-                if isinstance(event, TxEnd | ResyncEnd) or len(chunk) >= _CHUNK_EVENTS:
+                if isinstance(event, TxEnd | ResyncBegin | ResyncEnd) or len(chunk) >= _CHUNK_EVENTS:
                     if not self._put(chunk):
                         return
                     chunk = []
@@ -159,6 +163,8 @@ def run_ingest(
             subscriber.acknowledge(durable)
 
     while not stop.is_set():
+        if isinstance(subscriber, ResumesWithSchema):
+            subscriber.resume_schema(buffer.durable_schema())
         producer = _Producer(subscriber, buffer.durable_position())
         failure: Exception | None = None
         try:

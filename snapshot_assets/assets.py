@@ -17,7 +17,7 @@ from snapshot_assets.archive.positions import comparator
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.verify import verify_archive
 from snapshot_assets.metrics import table_metadata
-from snapshot_assets.pipeline.decide import NextArtifact
+from snapshot_assets.pipeline.decide import SNAPSHOT_ONLY_TRIGGERS, NextArtifact
 from snapshot_assets.pipeline.pending import clear_pending, load_pending, save_pending
 from snapshot_assets.tables import FROM_TAG, TO_TAG, TRIGGER_TAG, partitions, pipeline
 
@@ -39,7 +39,7 @@ def _requested(context: dg.AssetExecutionContext, kind: str) -> NextArtifact:
         return NextArtifact(kind, tags.get(TRIGGER_TAG, "sensor"), tags.get(FROM_TAG) or None, tags[TO_TAG])
     nxt = pipe.decide(force=(kind == "snapshot"))
     if kind == "diff":
-        if nxt.kind == "snapshot" and nxt.trigger in ("initial", "resync"):
+        if nxt.kind == "snapshot" and nxt.trigger in SNAPSHOT_ONLY_TRIGGERS:
             raise dg.Failure(f"{pipe.name}: the next artifact must be a snapshot ({nxt.trigger})")
         m = pipe.manifest()
         durable = pipe.buffer().durable_position()

@@ -353,6 +353,7 @@ class ChangeBuffer(BufferView):
             self._index.resync_in_progress = None
             self._write_index()
         self._batch.discard()
+        self._schema = self._index.schema  # a schema announced after the last seal is re-announced
         self._last_tx, self._last_change = self._index.durable_position, None
         self._opened_at = None
         self._seal_requested = False

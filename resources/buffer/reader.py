@@ -16,7 +16,7 @@ from pathlib import Path
 from resources.buffer.errors import RangeNotAvailable, ResyncInWindow
 from resources.buffer.hll import HyperLogLog
 from resources.buffer.index import IndexState, ResyncMarker, load_index, releasable, request_release
-from resources.buffer.segments import SegmentKind, SegmentMeta, seq_through
+from resources.buffer.segments import SegmentKind, SegmentMeta, read_meta, seq_through
 from resources.buffer.storage import BufferStorage, local_table_storage
 from resources.subscribers.events import TableSchema
 from snapshot_assets.archive.positions import comparator
@@ -62,6 +62,7 @@ class BufferStats:
     merged HyperLogLog of those segments (±~2%). `resync_pending` means the next artifact must be a
     snapshot: a re-sync ended after `since`, or one is in progress. `oldest_change_age_s` is the
     wall-clock age of the oldest change after `since` since it reached the buffer.
+    `resync_reason` is the reason of the newest such re-sync ("" when none is pending).
     """
 
     since_position: str | None
@@ -78,6 +79,7 @@ class BufferStats:
     last_seal_latency_s: float | None
     avg_seal_latency_s: float | None
     seals: int
+    resync_reason: str = ""
 
 
 class BufferView(ABC):
@@ -96,9 +98,23 @@ class BufferView(ABC):
         """The position through which every change is durable (None: nothing yet, initial load next)."""
         return self._state().durable_position
 
-    def schema(self) -> TableSchema | None:
-        """The table schema the source reported for the durable data (its key names the rows)."""
+    def durable_schema(self) -> TableSchema | None:
+        """The table schema of the rows held through the durable position, whose key names the rows
+        (None: never announced)."""
         return self._state().schema
+
+    def schema_at(self, position: str) -> TableSchema | None:
+        """The schema the source announced for the rows through `position`: that of the newest
+        segment ending at or before it, from the segment's own footer (one small read). None when
+        no such segment is held (released, or none was ever written)."""
+        cmp = self._cmp
+        held = [m for m in self._state().segments if cmp(m.to_position, position) <= 0]
+        if not held:
+            return None
+        try:
+            return read_meta(self._storage, held[-1].name)[2]
+        except FileNotFoundError:  # released by the writer since the index was read
+            return None
 
     def latest_resync(self) -> ResyncMarker | None:
         """The most recent completed re-sync (its snapshot segment, if still held, via `segment_ref`)."""
@@ -167,7 +183,9 @@ class BufferView(ABC):
         for meta in changes:
             sketch.merge_text(meta.hll)
         arrivals = [m.first_arrival for m in changes if m.first_arrival is not None]
-        pending = state.resync_in_progress is not None or any(after(r.end_position) for r in state.resyncs)
+        reasons = [r.reason for r in state.resyncs if after(r.end_position)]
+        if state.resync_in_progress is not None:
+            reasons.append(state.resync_in_progress.reason)
         metrics = state.metrics
         return BufferStats(
             since_position=since_position,
@@ -177,13 +195,14 @@ class BufferView(ABC):
             changes=sum(m.changes for m in changes),
             bytes=sum(m.bytes for m in changes),
             distinct_keys_estimate=sketch.estimate(),
-            resync_pending=pending,
+            resync_pending=bool(reasons),
             first_position=changes[0].first_position if changes else None,
             last_position=changes[-1].to_position if changes else None,
             oldest_change_age_s=time.time() - min(arrivals) if arrivals else None,
             last_seal_latency_s=metrics.last_latency_s,
             avg_seal_latency_s=metrics.avg_latency_s,
             seals=metrics.seals,
+            resync_reason=reasons[-1] if reasons else "",
         )
 
 

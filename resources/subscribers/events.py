@@ -11,14 +11,19 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from snapshot_assets.archive.changes import Action, Row
 
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """One column of the source table (laredo's ColumnDefinition / the manifest's `columns`)."""
+    """One column of the source table (laredo's ColumnDefinition / the manifest's `columns`).
+
+    `default` is the SQL default expression (None: none), `max_length` the declared length of a
+    variable-length type (0: unlimited), `type_oid` the source's type OID (0: unknown, as from
+    sources without one), exactly laredo's DefaultValue, MaxLength and TypeOID.
+    """
 
     name: str
     type: str
@@ -26,6 +31,15 @@ class Column:
     primary_key: bool = False
     ordinal: int = 0
     primary_key_ordinal: int = 0
+    default: str | None = None
+    max_length: int = 0
+    type_oid: int = 0
+
+    def definition(self) -> dict[str, Any]:
+        """laredo's ColumnDefinition as its manifest writes it (Go field names, no JSON tags)."""
+        return {"Name": self.name, "Type": self.type, "Nullable": self.nullable, "PrimaryKey": self.primary_key,
+                "OrdinalPosition": self.ordinal, "PrimaryKeyOrdinal": self.primary_key_ordinal,
+                "DefaultValue": self.default, "MaxLength": self.max_length, "TypeOID": self.type_oid}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +53,13 @@ class TableSchema:
     def key_fields(self) -> tuple[str, ...]:
         pk = sorted((c for c in self.columns if c.primary_key), key=lambda c: (c.primary_key_ordinal, c.ordinal))
         return tuple(c.name for c in pk)
+
+    @property
+    def shape(self) -> tuple[tuple[str, int, str], ...]:
+        """What a row of the table looks like: column names and types in order (not defaults or
+        nullability, which change no stored value). Two schemas with different shapes cannot share
+        rows: a row of one is not a row of the other without the source's own conversion."""
+        return tuple((c.name, c.type_oid, c.type) for c in self.columns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +79,11 @@ class ResyncBegin:
     """
 
     reason: str
+
+
+SCHEMA_CHANGE = "schema change"
+"""The `ResyncBegin` reason of a re-sync forced by a change of the table's shape (ALTER TABLE): the
+pipeline names the snapshot that follows it `schema_change` instead of `resync`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +142,17 @@ class Subscriber(Protocol):
     def acknowledge(self, position: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ResumesWithSchema(Protocol):
+    """A source whose stream does not say which shape the rows before the resume position had.
+
+    PostgreSQL announces a table's shape lazily (a Relation message before the first change after
+    a resume), so after `ALTER TABLE` and a restart it cannot tell by itself whether the buffer
+    already holds rows of the new shape. The ingest loop tells it, before each `events(start)`,
+    the schema of what the buffer holds at `start` (None: unknown); a source then re-syncs the
+    table instead of mixing shapes.
+    """
+
+    def resume_schema(self, schema: TableSchema | None) -> None: ...

@@ -38,6 +38,20 @@ What it guarantees, and how:
 - Type fidelity: see `pgtypes`; the copy reads every column as its output text (no psycopg2 type
   casting) and the stream's text goes through the same converter, so both agree for every type.
 
+- Schema changes (ALTER TABLE ADD/DROP COLUMN, a column type change). pgoutput announces a new
+  shape with a Relation message before the first change that uses it; the rows the archive holds
+  keep the old shape (after `ADD COLUMN ... DEFAULT 5` every existing row reads 5 at the source,
+  after a type change every value is converted), and only the source knows them. So the first
+  change of a new shape makes the source re-sync the table (reason `SCHEMA_CHANGE`): `ResyncBegin`
+  (the buffer seals every complete transaction before it and drops the partial one), a copy in
+  a snapshot exported by a TEMPORARY slot, with the shape read from the catalog inside that same
+  snapshot, then the stream again from the copy's position. The table's own slot is never
+  dropped: it still holds everything after the last durable position, so a crash at any instant
+  of the re-sync resumes there and meets the same change again, and the temporary slot vanishes
+  with its connection. Which shape the durable rows have is the buffer's to say
+  (`resume_schema`): after a restart the stream only shows shapes of changes after the resume
+  position, and an ALTER TABLE just before it would otherwise go unnoticed.
+
 Starting with no position (`events(None)`) always makes a new slot: an existing slot of that name
 is dropped first (it is left over from a load that never became durable), so slot names must be
 unique per table.
@@ -55,6 +69,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import os
 import re
 import select
 import threading
@@ -81,6 +96,7 @@ from resources.subscribers.errors import (
     UnknownTable,
 )
 from resources.subscribers.events import (
+    SCHEMA_CHANGE,
     ChangeEvent,
     Column,
     Event,
@@ -131,6 +147,22 @@ class _CatalogColumn:
     not_null: bool
     attnum: int
     storage: str
+    default: str | None = None
+
+
+# Types whose type modifier is a declared length: (var)char count it with a 4-byte header, bit(n)
+# and varbit(n) do not. laredo's MaxLength is 0 for everything else (unlimited).
+_LENGTH_HEADER: Final = {1042: 4, 1043: 4, 1560: 0, 1562: 0}
+
+
+def _max_length(type_oid: int, type_modifier: int) -> int:
+    header = _LENGTH_HEADER.get(type_oid)
+    return type_modifier - header if header is not None and type_modifier > header else 0
+
+
+class _ShapeChanged(Exception):
+    """A signal inside the source (never raised to a caller): the stream reached a change whose
+    table shape is not the one of the rows the caller holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,12 +280,18 @@ class PostgresSubscriber:
         self.key_fields = tuple(key_fields)  # configured; () takes the table's key
         self._query: Connection = None
         self._repl: Connection = None
+        self._exporter: Connection = None  # the re-sync's temporary slot lives as long as this connection
         self._cursor: Any = None  # the replication cursor, once streaming
         self._lock = threading.Lock()
         self._acked = 0
         self._ack_limit = 0
         self._doing = "starting"
         self._converters = pgtypes.Converters(self._describe_type)
+        self._resume_schema: TableSchema | None = None
+
+    def resume_schema(self, schema: TableSchema | None) -> None:
+        """The schema of the rows the caller holds at the next `events(start)` (see the module doc)."""
+        self._resume_schema = schema
 
     # --- the Subscriber protocol -------------------------------------------------------------
 
@@ -286,14 +324,15 @@ class PostgresSubscriber:
                 self._send_feedback()
 
     def close(self) -> None:
-        """Close both connections (the walsender releases the slot when its connection ends)."""
+        """Close every connection (a walsender releases its slot when its connection ends, and a
+        temporary slot is dropped)."""
         with self._lock:
             self._cursor = None
-            for conn in (self._repl, self._query):
+            for conn in (self._repl, self._query, self._exporter):
                 if conn is not None and not conn.closed:
                     with contextlib.suppress(psycopg2.Error):
                         conn.close()
-            self._repl = self._query = None
+            self._repl = self._query = self._exporter = None
 
     # --- orchestration -----------------------------------------------------------------------
 
@@ -306,15 +345,27 @@ class PostgresSubscriber:
         self._ensure_publication(info)
         self._doing = "opening the replication connection"
         self._repl = self._connect(psycopg2.extras.LogicalReplicationConnection)
+        shape: _Shape | None = self._catalog_shape(info)
+        held = self._schema(info.columns, info.key)
         if resume_after is None:
             resume_after = yield from self._initial_load(info, "initial load")
         elif not self._slot_usable():
             resume_after = yield from self._initial_load(info, "replication slot lost")
         else:
-            yield SchemaEvent(self._schema(info.columns, info.key))
+            if self._resume_schema is not None and self._resume_schema.table == self.name:
+                held, shape = self._resume_schema, None  # the stream's first Relation tells the shape
+            yield SchemaEvent(held)
             with self._lock:
                 self._ack_limit = max(self._ack_limit, resume_after)
-        yield from self._stream(info, resume_after)
+        while True:
+            try:
+                yield from self._stream(shape, held, resume_after)
+            except _ShapeChanged:
+                self._stop_streaming()
+                resume_after, info = yield from self._resync(SCHEMA_CHANGE)
+                shape, held = self._catalog_shape(info), self._schema(info.columns, info.key)
+                self._doing = "opening the replication connection"
+                self._repl = self._connect(psycopg2.extras.LogicalReplicationConnection)
 
     def _initial_load(self, info: _TableInfo, reason: str) -> Generator[Event, None, int]:
         """Create the slot, copy the table in its exported snapshot; returns the copy's position."""
@@ -323,14 +374,46 @@ class PostgresSubscriber:
                                     "(with an exported snapshot), but create_slot is false")
         self._drop_slot_if_present()
         self._doing = "creating the replication slot"
-        consistent_point, snapshot_name = self._create_slot()
+        consistent_point, snapshot_name = self._create_slot(self._repl, self.slot)
         self._doing = "copying the table"
-        shape = self._catalog_shape(info)
-        rows = self._copy(info, shape, snapshot_name)  # imports the snapshot before the first yield
+        self._enter_snapshot(snapshot_name)  # before the first yield: the copy starts now
         yield SchemaEvent(self._schema(info.columns, info.key))
         yield ResyncBegin(reason)
+        return (yield from self._copy_out(info, consistent_point))
+
+    def _resync(self, reason: str) -> Generator[Event, None, tuple[int, _TableInfo]]:
+        """Copy the table again while its slot stays; returns the copy's position and the table then.
+
+        The snapshot comes from a TEMPORARY slot on a connection of its own (the server drops it
+        when that connection ends, however it ends), and the table is inspected inside that
+        snapshot, so shape and rows are of one moment. The table's own slot keeps its confirmed
+        position until the buffer acknowledges the copy (see the module doc).
+        """
+        yield ResyncBegin(reason)
+        self._doing = "creating a temporary replication slot for the re-sync"
+        self._exporter = exporter = self._connect(psycopg2.extras.LogicalReplicationConnection)
+        try:
+            consistent_point, snapshot_name = self._create_slot(exporter, self._resync_slot(), temporary=True)
+            self._doing = "copying the table"
+            self._enter_snapshot(snapshot_name)
+            info = self._inspect()
+            self._check_publication_covers(info)
+            yield SchemaEvent(self._schema(info.columns, info.key))
+            position = yield from self._copy_out(info, consistent_point)
+        finally:
+            self._exporter = None
+            with contextlib.suppress(psycopg2.Error):
+                exporter.close()
+        return position, info
+
+    def _resync_slot(self) -> str:
+        """A name no other session uses: a slot left by a killed process may not be gone yet."""
+        return f"{self.slot[:48]}_resync_{os.getpid()}"
+
+    def _copy_out(self, info: _TableInfo, consistent_point: int) -> Generator[Event, None, int]:
+        """The rows of the snapshot the query connection is in, then their position (see above)."""
         count = 0
-        for row in rows:
+        for row in self._copy_rows(info, self._catalog_shape(info)):
             yield SnapshotRow(row)
             count += 1
         position = consistent_point - 1
@@ -395,11 +478,12 @@ class PostgresSubscriber:
 
     def _columns(self, oid: int) -> tuple[_CatalogColumn, ...]:
         rows = self._fetch(
-            "SELECT attname, atttypid, atttypmod, format_type(atttypid, atttypmod), attnotnull, attnum, "
-            "attstorage FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
-            "AND attgenerated = '' ORDER BY attnum", (oid,))
-        return tuple(_CatalogColumn(name, type_oid, typmod, type_name, not_null, attnum, storage)
-                     for name, type_oid, typmod, type_name, not_null, attnum, storage in rows)
+            "SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull, "
+            "a.attnum, a.attstorage, pg_get_expr(d.adbin, d.adrelid) FROM pg_attribute a "
+            "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+            "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' "
+            "ORDER BY a.attnum", (oid,))
+        return tuple(_CatalogColumn(*row) for row in rows)
 
     def _index_columns(self, oid: int, flag: Literal["indisprimary", "indisreplident"]) -> tuple[str, ...]:
         rows = self._fetch(
@@ -466,7 +550,8 @@ class PostgresSubscriber:
         ordinal = {name: i for i, name in enumerate(key, start=1)}
         return TableSchema(table=self.name, columns=tuple(
             Column(name=c.name, type=c.type_name, nullable=not c.not_null, primary_key=c.name in ordinal,
-                   ordinal=c.attnum, primary_key_ordinal=ordinal.get(c.name, 0))
+                   ordinal=c.attnum, primary_key_ordinal=ordinal.get(c.name, 0), default=c.default,
+                   max_length=_max_length(c.type_oid, c.type_modifier), type_oid=c.type_oid)
             for c in columns))
 
     def _catalog_shape(self, info: _TableInfo) -> _Shape:
@@ -503,10 +588,14 @@ class PostgresSubscriber:
         if self._slot_info() is not None:
             self._fetch("SELECT pg_drop_replication_slot(%s)", (self.slot,))
 
-    def _create_slot(self) -> tuple[int, str]:
-        """Create the slot with an exported snapshot; returns (consistent point, snapshot name)."""
-        with self._repl.cursor() as cur:
-            cur.execute(f"CREATE_REPLICATION_SLOT {self.slot} LOGICAL pgoutput EXPORT_SNAPSHOT")
+    def _create_slot(self, conn: Connection, name: str, *, temporary: bool = False) -> tuple[int, str]:
+        """Create a slot with an exported snapshot; returns (consistent point, snapshot name).
+
+        The snapshot stays importable while `conn` runs no other command.
+        """
+        kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE_REPLICATION_SLOT {name} {kind} pgoutput EXPORT_SNAPSHOT")
             _, consistent_point, snapshot_name, _ = cur.fetchone()
         lsn = parse_lsn(consistent_point)
         if lsn is None or not snapshot_name:
@@ -515,14 +604,13 @@ class PostgresSubscriber:
 
     # --- initial copy ------------------------------------------------------------------------
 
-    def _copy(self, info: _TableInfo, shape: _Shape, snapshot_name: str) -> Iterator[Row]:
-        """Start a transaction in the exported snapshot now; the returned iterator streams the rows."""
+    def _enter_snapshot(self, snapshot_name: str) -> None:
+        """Open a transaction of the query connection in the exported snapshot (`_copy_rows` ends it)."""
         conn = self._query
         conn.autocommit = False
         with conn.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-        return self._copy_rows(info, shape)
 
     def _copy_rows(self, info: _TableInfo, shape: _Shape) -> Iterator[Row]:
         conn = self._query
@@ -548,7 +636,12 @@ class PostgresSubscriber:
 
     # --- stream ------------------------------------------------------------------------------
 
-    def _stream(self, info: _TableInfo, resume_after: int) -> Iterator[Event]:
+    def _stream(self, shape: _Shape | None, held: TableSchema, resume_after: int) -> Iterator[Event]:
+        """The change stream after `resume_after`, while its changes have the shape of `held`.
+
+        `shape` decodes tuples until the stream's own Relation message says otherwise (None: wait
+        for it). Raises `_ShapeChanged` at the first change whose shape is not `held`'s.
+        """
         self._doing = "starting replication"
         cursor = self._repl.cursor()
         cursor.start_replication(
@@ -560,7 +653,7 @@ class PostgresSubscriber:
             if self._acked:
                 self._send_feedback()
         self._doing = "streaming"
-        stream = _StreamDecoder(self, self._catalog_shape(info), resume_after)
+        stream = _StreamDecoder(self, shape, held, resume_after)
         while True:
             yield from stream.handle(pgoutput.decode(self._next_payload()))
 
@@ -577,6 +670,15 @@ class PostgresSubscriber:
                 return payload
             select.select([conn], [], [], self.status_interval)
 
+    def _stop_streaming(self) -> None:
+        """End the walsender session (its partial transaction is re-sent to a later session)."""
+        with self._lock:
+            self._cursor = None
+            repl, self._repl = self._repl, None
+        if repl is not None and not repl.closed:
+            with contextlib.suppress(psycopg2.Error):
+                repl.close()
+
     def _send_feedback(self) -> None:
         """Report the acknowledged position now (caller holds the lock)."""
         self._cursor.send_feedback(write_lsn=self._acked, flush_lsn=self._acked, apply_lsn=self._acked,
@@ -587,7 +689,8 @@ class PostgresSubscriber:
             self._ack_limit = max(self._ack_limit, position)
 
     def _relation_schema(self, relation: pgoutput.Relation) -> tuple[_Shape, TableSchema]:
-        """The shape and schema of a relation as the stream announced it (after DDL, say)."""
+        """The shape and schema of a relation as the stream announced it (names and types from the
+        message; nullability and defaults from the catalog now, which is all there is to ask)."""
         self._doing = "reading a changed table definition"
         current = {c.name: c for c in self._columns(relation.oid)}
         primary_key, key = self._keys(relation.oid, relation.replica_identity)
@@ -600,7 +703,8 @@ class PostgresSubscriber:
             type_name = self._fetch("SELECT format_type(%s, %s)", (col.type_oid, col.type_modifier))[0][0]
             columns.append(_CatalogColumn(col.name, col.type_oid, col.type_modifier, type_name,
                                           known.not_null if known else False,
-                                          known.attnum if known else position, ""))
+                                          known.attnum if known else position, "",
+                                          known.default if known else None))
         shape = _Shape([(c.name, c.type_oid, c.type_modifier) for c in columns], key, self._converters)
         self._doing = "streaming"
         return shape, self._schema(columns, key)
@@ -633,9 +737,13 @@ class PostgresSubscriber:
 class _StreamDecoder:
     """Turns decoded pgoutput messages into events for one table, one message at a time."""
 
-    def __init__(self, source: PostgresSubscriber, shape: _Shape, resume_after: int) -> None:
+    def __init__(self, source: PostgresSubscriber, shape: _Shape | None, held: TableSchema,
+                 resume_after: int) -> None:
         self._source = source
-        self._shape = shape
+        # Until our first Relation: a shape no Relation matches (a table has at least one column).
+        self._shape = shape if shape is not None else _Shape((), (), source._converters)
+        self._held = held.shape  # the shape of the rows the caller holds
+        self._unchecked: TableSchema | None = None  # a new shape, compared at its first change
         self._resume_after = resume_after
         self._ours: dict[int, bool] = {}  # relation OID → is it our table
         self._tx: _Tx | None = None
@@ -693,14 +801,22 @@ class _StreamDecoder:
         ours = (relation.namespace, relation.name) == (source.schema, source.table)
         self._ours[relation.oid] = ours
         signature = tuple((c.name, c.type_oid, c.type_modifier) for c in relation.columns)
-        if not ours or signature == self._shape.signature:
-            return ()
-        self._shape, schema = source._relation_schema(relation)
-        return (SchemaEvent(schema),)
+        if ours and signature != self._shape.signature:
+            self._shape, self._unchecked = source._relation_schema(relation)
+        return ()
+
+    def _check_shape(self, schema: TableSchema) -> None:
+        """The first change of a new shape: the same as the rows held (a no-op DDL, or a shape the
+        stream had before the resume position), or a schema change that needs a re-sync."""
+        if schema.shape != self._held:
+            raise _ShapeChanged(schema.table)
+        self._unchecked = None
 
     def _event(self, action: Action, old: Row | None = None, new: Row | None = None,
                unchanged: tuple[str, ...] = ()) -> ChangeEvent:
         tx = self._transaction()
+        if self._unchecked is not None:
+            self._check_shape(self._unchecked)
         tx.changes += 1
         return ChangeEvent(position=tx.position, action=action, old=old, new=new, commit_time=tx.commit_time,
                            unchanged=unchanged)

@@ -12,8 +12,9 @@ the commit reloads and, if the artifact still continues the chain, tries again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from resources.destinations.base import CASConflict, Destination
 from snapshot_assets.archive import keys
@@ -104,8 +105,12 @@ def _check_continues(current: Manifest, art: Artifact, cmp: Comparator) -> None:
 
 def commit_artifact(destinations: Sequence[Destination], key_prefix: str, table: str, art: Artifact, *,
                     cmp: Comparator, keep_epochs: int = 0, now: str | None = None,
-                    max_attempts: int = 5) -> CommitResult:
-    """Append `art` to the manifest on every destination (CAS), applying retention."""
+                    columns: Sequence[Mapping[str, Any]] | None = None, max_attempts: int = 5) -> CommitResult:
+    """Append `art` to the manifest on every destination (CAS), applying retention.
+
+    `columns` (laredo's ColumnDefinition objects) describe the table at `art.to_position`, the new
+    head, and replace the manifest's `columns` with it; None leaves them as they are.
+    """
     if not destinations:
         raise ValueError("commit needs at least one destination")
     retries = 0
@@ -118,6 +123,8 @@ def commit_artifact(destinations: Sequence[Destination], key_prefix: str, table:
         else:
             _check_continues(current, art, cmp)
             new = current.with_artifact(art, now=now, keep_epochs=keep_epochs)
+            if columns is not None:
+                new = replace(new, columns=[dict(c) for c in columns])
             kept = {_identity(a) for a in new.artifacts}
             pruned = [a for a in current.artifacts if _identity(a) not in kept]
         if new.table != table:

@@ -11,6 +11,7 @@ import datetime as _dt
 from dataclasses import dataclass
 
 from resources.buffer import BufferStats
+from resources.subscribers.events import SCHEMA_CHANGE
 from snapshot_assets.archive.manifest import Manifest
 from snapshot_assets.archive.policy import Policy, TriggerState, decide
 
@@ -29,6 +30,8 @@ class NextArtifact:
 
 
 NOTHING = NextArtifact("none", "", None, None)
+SNAPSHOT_ONLY_TRIGGERS = frozenset({"initial", "resync", "schema_change"})
+"""Triggers after which no diff can be written: the archive's state does not continue into the buffer."""
 
 
 def parse_time(text: str) -> _dt.datetime | None:
@@ -67,7 +70,8 @@ def next_artifact(m: Manifest, pending: BufferStats, policy: Policy, now: _dt.da
     if m.latest_snapshot() is None:
         return NextArtifact("snapshot", "initial", None, durable)
     if pending.resync_pending:
-        return NextArtifact("snapshot", "resync", None, durable)
+        trigger = "schema_change" if pending.resync_reason == SCHEMA_CHANGE else "resync"
+        return NextArtifact("snapshot", trigger, None, durable)
     if force:
         return NextArtifact("snapshot", "forced", None, durable)
     state = trigger_state(m, pending, now)

@@ -112,7 +112,7 @@ class TablePipeline:
         With nothing ingested yet (a reader on a host without the buffer): the configured key,
         else laredo's default.
         """
-        schema = self.buffer().schema()
+        schema = self.buffer().durable_schema()
         reported = schema.key_fields if schema is not None else ()
         configured = self.cfg.key_fields
         if reported and configured and reported != configured:
@@ -249,7 +249,7 @@ class TablePipeline:
     def commit(self, art: Artifact) -> CommitReport:
         """Commit, then clean up and notify; failures after the commit never undo it."""
         result = commit_artifact(self.destinations, self.cfg.key_prefix, self.name, art, cmp=self.cmp,
-                                 keep_epochs=self.cfg.keep_epochs)
+                                 keep_epochs=self.cfg.keep_epochs, columns=self._columns(art))
         self.counters.add(CAS_RETRIES, amount=result.cas_retries)
         if not result.already_committed:
             self.counters.add(ARTIFACTS_WRITTEN, art.kind)
@@ -261,6 +261,16 @@ class TablePipeline:
         delivery = self.outbox.deliver(self.sinks)
         released = self._release_buffer(result.manifest)
         return CommitReport(result, deleted, orphans, delivery, released)
+
+    def _columns(self, art: Artifact) -> list[dict[str, Any]] | None:
+        """The manifest's `columns` for a PostgreSQL source: the table as the source described the
+        rows through `art` (the buffer keeps that per segment), so a schema change reaches the
+        manifest with the snapshot it forced. None (keep what the manifest has) for other sources,
+        whose servers describe the table themselves, or when the buffer no longer holds it."""
+        if self.cfg.source.type != "postgres":
+            return None
+        schema = self.buffer().schema_at(art.to_position)
+        return None if schema is None else [column.definition() for column in schema.columns]
 
     def settle(self, art: Artifact) -> bool:
         """Finish the post-commit work of `art` if the manifest holds it although its run failed.
