@@ -432,6 +432,14 @@ def check_archive(archive: Archive, history: History, *, complete: bool = True) 
     assert all(sorted(a.formats) == sorted(FORMATS) for a in manifest.artifacts), "an artifact lacks a format"
     assert not complete or history.index_at(manifest.head_position) == len(history.states) - 1, (
         f"head {manifest.head_position} does not cover the round's last transaction")
+    check_boundaries(archive, manifest, history)
+    return manifest
+
+
+def check_boundaries(archive: Archive, manifest: Manifest, history: History) -> None:
+    """In every format: the archive rebuilt at every artifact boundary equals the source there, every
+    diff folded on its own epoch's snapshot (those a later snapshot supersedes included) too, and
+    every diff's `old` images are the rows as of its `from`."""
     boundaries = list(dict.fromkeys(a.to_position for a in manifest.artifacts))
     for fid in FORMATS:
         reader = archive.reader(fid)
@@ -440,7 +448,6 @@ def check_archive(archive: Archive, history: History, *, complete: bool = True) 
             assert rec is not None and rec.position == position
             problem = first_difference(as_state(rec.rows), history.at(position), fid)
             assert problem is None, f"{fid} at {position}: {problem}"
-        # Every diff on its own epoch's snapshot (those a later snapshot supersedes included).
         snapshot: Artifact | None = None
         diffs: list[Artifact] = []
         for art in manifest.artifacts:
@@ -453,7 +460,6 @@ def check_archive(archive: Archive, history: History, *, complete: bool = True) 
             problem = first_difference(as_state(list(state.rows())), history.at(art.to_position), fid)
             assert problem is None, f"{fid}, epoch {art.epoch} chain to {art.to_position}: {problem}"
             check_old_images(reader, art, history, fid)
-    return manifest
 
 
 def check_old_images(reader: ArchiveReader, diff: Artifact, history: History, fid: str) -> None:

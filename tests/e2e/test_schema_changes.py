@@ -44,7 +44,7 @@ from resources.destinations.factory import build_destination
 from snapshot_assets.archive.formats import FORMATS as FORMAT_REGISTRY
 from snapshot_assets.archive.manifest import Artifact, Manifest
 from snapshot_assets.archive.positions import compare_lsn, parse_lsn
-from snapshot_assets.archive.reader import ReplayPlan, artifact_key
+from snapshot_assets.archive.reader import artifact_key
 from snapshot_assets.config import load_config
 from tests.e2e.conftest import e2e_env
 from tests.e2e.test_postgres_rounds import (
@@ -53,7 +53,7 @@ from tests.e2e.test_postgres_rounds import (
     Archive,
     History,
     as_state,
-    first_difference,
+    check_boundaries,
     run_once,
 )
 from tests.pg.conftest import PgCluster
@@ -268,25 +268,7 @@ def check_round(archive: Archive, history: SchemaHistory, *, ended_with_rows: bo
     head = history.index_at(manifest.head_position)
     if ended_with_rows:
         assert head == len(history.states) - 1, f"head {manifest.head_position} does not cover the round"
-    boundaries = list(dict.fromkeys(a.to_position for a in manifest.artifacts))
-    for fid in FORMATS:
-        reader = archive.reader(fid)
-        for position in boundaries:
-            rec = reader.reconstruct_as_of(position, manifest)
-            assert rec is not None and rec.position == position
-            problem = first_difference(as_state(rec.rows), history.at(position), fid)
-            assert problem is None, f"{fid} at {position}: {problem}"
-        snapshot: Artifact | None = None
-        diffs: list[Artifact] = []
-        for art in manifest.artifacts:
-            if art.is_snapshot:
-                snapshot, diffs = art, []
-                continue
-            diffs.append(art)
-            assert snapshot is not None
-            state = reader.fold(ReplayPlan(snapshot, tuple(diffs), art.to_position))
-            problem = first_difference(as_state(list(state.rows())), history.at(art.to_position), fid)
-            assert problem is None, f"{fid}, epoch {art.epoch} chain to {art.to_position}: {problem}"
+    check_boundaries(archive, manifest, history)
     for art in manifest.artifacts:
         end = history.index_at(art.to_position)
         columns = {name for name, _ in history.shapes[end]}
