@@ -462,6 +462,16 @@ def _exact_int(text: str) -> int:
     return int(Decimal(text))  # not subject to the int/str digit limit
 
 
+def too_deep() -> str:
+    """Why a JSON document nested too deeply is refused, with the bound.
+
+    CPython's decoder recurses once per array/object level and gives up at the interpreter's
+    recursion limit (a RecursionError, not a JSONDecodeError), so that limit is the depth bound of
+    every JSON input this project reads: artifacts, manifests, Connect end-of-stream frames.
+    """
+    return f"JSON nested deeper than {sys.getrecursionlimit()} levels"
+
+
 def loads(data: bytes | bytearray | str) -> Any:
     """Parse JSON the way this project reads artifacts: integers stay exact Python ints (any size),
     NaN/Infinity literals and numbers beyond float64 are refused, input must be UTF-8.
@@ -476,6 +486,8 @@ def loads(data: bytes | bytearray | str) -> Any:
         return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise CorruptArtifact(f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise CorruptArtifact(too_deep()) from None
     except ValueError:
         # Only the int digit limit (an integer of more than sys.get_int_max_str_digits() digits)
         # gets here; parse again with an exact, unlimited integer parser.
