@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -388,6 +389,9 @@ def _credentials(s: _Section) -> dict[str, CredentialProfile]:
     return out
 
 
+_ENV_KEY = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
+
+
 def _apply_env_overrides(tree: ConfigTree, env: Mapping[str, str]) -> None:
     """`SNAPSHOTTER__TABLES__0__DIFF__INTERVAL=5s` sets snapshotter.tables[0].diff.interval."""
     for name, value in sorted(env.items()):
@@ -397,6 +401,11 @@ def _apply_env_overrides(tree: ConfigTree, env: Mapping[str, str]) -> None:
         node: Any = tree["snapshotter"]
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
+            where = ".".join(["snapshotter", *parts[:i]])
+            if not _ENV_KEY.fullmatch(part):
+                raise ConfigError(f"${name}", where, f"{part!r} is not a key (letters, digits, single underscores)")
+            if not isinstance(node, (list, ConfigTree)):
+                raise ConfigError(f"${name}", where, "is a value, not an object or a list to set a key in")
             if isinstance(node, list):
                 if not part.isdigit() or int(part) >= len(node):
                     raise ConfigError(f"${name}", ".".join(parts[: i + 1]), f"no list element {part!r}")
