@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from pyhocon import ConfigFactory, ConfigTree
 from pyhocon.exceptions import ConfigException
+from pyparsing import ParseBaseException
 
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import default_key_prefix
@@ -35,6 +36,7 @@ from snapshot_assets.config_values import (
     parse_fraction,
     parse_size,
 )
+from snapshot_assets.redaction import dsn_problem, redact, register_dsn
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "demo.conf"
 ENV_PREFIX = "SNAPSHOTTER__"
@@ -42,9 +44,11 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A configuration problem, always naming the file and the key path."""
+    """A configuration problem, always naming the file and the key path (and never a secret: the
+    message is redacted, because some messages quote the bad value or a whole subtree)."""
 
     def __init__(self, file: str, path: str, message: str) -> None:
+        message = redact(message)
         super().__init__(f"{file}: {path}: {message}" if path else f"{file}: {message}")
         self.file, self.path = file, path
 
@@ -255,6 +259,11 @@ def _source(s: _Section) -> SourceConfig:
         generator=s.sub("generator").plain() if s.has("generator") else {},
     )
     s.done()
+    if src.dsn:
+        register_dsn(src.dsn)
+        problem = dsn_problem(src.dsn)
+        if problem:
+            raise ConfigError(s.file, s.at("dsn"), problem)
     return src
 
 
@@ -429,7 +438,12 @@ def parse_config(text: str, *, file: str = "<string>", env: Mapping[str, str] | 
 def _parse(parse: Callable[[], ConfigTree], file: str) -> ConfigTree:
     try:
         return parse()
-    except (ConfigException, Exception) as e:  # pyhocon raises pyparsing errors for syntax too
+    except ParseBaseException as e:
+        # pyparsing's own message quotes the text it found there, which may be a secret (a DSN
+        # on that line, the contents of an included key file) and its grammar: the place is enough.
+        raise ConfigError(file, "", f"not valid HOCON: syntax error at line {e.lineno}, column {e.col} "
+                                    "(of the file or of a file it includes)") from None
+    except (ConfigException, Exception) as e:  # substitutions, includes, pyhocon's own checks
         raise ConfigError(file, "", f"not valid HOCON: {e}") from None
 
 
