@@ -57,17 +57,28 @@ _LIBPQ_QUOTED = re.compile(r'"([^"]*)"')
 
 
 _lock = threading.Lock()
-_values: tuple[str, ...] = ()  # longest first, so a secret containing another is removed whole
+_kept: set[str] = set()  # registered for the life of the process
+_slots: dict[str, set[str]] = {}  # registered under a name, replaced by the next value of that name
+_values: tuple[str, ...] = ()  # all of them, longest first, so a secret containing another goes whole
 
 
-def register_secret(value: str | None) -> None:
-    """Remove `value` (and its JSON-escaped and percent-encoded spellings) from all redacted text."""
+def register_secret(value: str | None, *, slot: str | None = None) -> None:
+    """Remove `value` (and its JSON-escaped, percent-encoded and repr spellings) from all redacted text.
+
+    `slot` names a secret that is replaced over time (the session token of an assumed role, renewed
+    every hour): registering a new value under the same slot forgets the old one, so a process that
+    runs for months does not collect every token it ever held.
+    """
     global _values
     if not value or len(value) < MIN_SECRET_CHARS:
         return
     forms = {value, json.dumps(value)[1:-1], quote(value, safe=""), repr(value)[1:-1]}
     with _lock:
-        _values = tuple(sorted(set(_values) | forms, key=len, reverse=True))
+        if slot is None:
+            _kept.update(forms)
+        else:
+            _slots[slot] = forms
+        _values = tuple(sorted(_kept.union(*_slots.values()), key=len, reverse=True))
 
 
 def register_environment(env: Mapping[str, str] | None = None) -> None:

@@ -208,7 +208,8 @@ def _scrape(url: str, server: subprocess.Popen[str], timeout: float = 60.0) -> s
 def test_a_run_with_secrets_everywhere_writes_them_nowhere(pg_cluster: PgCluster, moto_server: str,
                                                            spark_work: Path, tmp_path: Path) -> None:
     with contextlib.closing(pg_cluster.connect()) as conn, conn.cursor() as cur:
-        cur.execute("DROP TABLE IF EXISTS leak_run; CREATE TABLE leak_run (id int PRIMARY KEY, name text)")
+        cur.execute("DROP TABLE IF EXISTS leak_run; CREATE TABLE leak_run (id int PRIMARY KEY, name text); "
+                    "ALTER TABLE leak_run REPLICA IDENTITY FULL")
         cur.execute("INSERT INTO leak_run SELECT g, 'row ' || g FROM generate_series(1, 50) g")
     name = bucket(moto_server)
     destination = json.dumps({"type": "s3", "bucket": name, "prefix": "leaks/", "endpoint_url": moto_server,

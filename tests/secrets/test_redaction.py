@@ -65,3 +65,9 @@ def test_log_records_are_redacted_when_made(caplog: pytest.LogCaptureFixture) ->
     except ValueError:
         log.exception("dsn %s failed", f"host=h password={SECRET}")
     assert caplog.records and SECRET not in caplog.text, caplog.text
+
+
+def test_a_slot_keeps_only_its_latest_value() -> None:
+    register_secret("FirstToken-1111", slot="assumed test SessionToken")
+    register_secret("SecondToken-2222", slot="assumed test SessionToken")
+    assert redact("FirstToken-1111 SecondToken-2222") == f"FirstToken-1111 {REDACTED}"
