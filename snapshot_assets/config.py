@@ -242,6 +242,9 @@ TABLE_KEYS = ("source", "key_prefix", "key_fields", "diff", "snapshot", "retenti
 
 
 def _source(s: _Section) -> SourceConfig:
+    dsn = s.tree.get("dsn", None)
+    if isinstance(dsn, str):
+        register_dsn(dsn)  # first: any error about this section must already redact its password
     kind = s.string("type", "laredo", choices=SOURCE_TYPES)
     src = SourceConfig(
         type=kind,
@@ -260,7 +263,6 @@ def _source(s: _Section) -> SourceConfig:
     )
     s.done()
     if src.dsn:
-        register_dsn(src.dsn)
         problem = dsn_problem(src.dsn)
         if problem:
             raise ConfigError(s.file, s.at("dsn"), problem)

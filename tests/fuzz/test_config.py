@@ -57,13 +57,13 @@ def _parse(data: bytes, env: dict[str, str]) -> None:
     parse_config(data.decode("utf-8", "replace"), file="fuzz.conf", env=env)
 
 
-@fuzz_settings(50)
+@fuzz_settings(80)
 @given(inputs(configs()), overrides)
 def test_configs_load_or_fail_cleanly(data: bytes, env: dict[str, str]) -> None:
     guarded(lambda: _parse(data, env), (ConfigError,))
 
 
-@fuzz_settings(30)
+@fuzz_settings(50)
 @given(configs(), overrides)
 def test_environment_overrides_load_or_fail_cleanly(data: bytes, env: dict[str, str]) -> None:
     guarded(lambda: _parse(data, env), (ConfigError,))
