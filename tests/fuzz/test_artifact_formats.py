@@ -20,6 +20,7 @@ from snapshot_assets.archive.errors import CorruptArtifact
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
 from snapshot_assets.archive.formats.protobuf import MAX_MESSAGE_BYTES
+from snapshot_assets.archive.gojson import MAX_INT_DIGITS
 from tests.fuzz.support import fuzz_settings, guarded, inputs, varint
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**64), 2**64), st.floats(allow_nan=False,
@@ -104,3 +105,17 @@ def test_jsonl_refuses_deep_nesting() -> None:
     line = b'{"id":' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
     error = guarded(lambda: _reader("jsonl", "snapshot")(line), (CorruptArtifact,))
     assert error is not None and "line 1" in str(error), error
+
+
+def test_jsonl_refuses_an_integer_longer_than_the_bound_without_converting_it() -> None:
+    line = b'{"id":' + b"7" * (4 * MAX_INT_DIGITS) + b"}\n"  # quadratic int() would take minutes
+    error = guarded(lambda: _reader("jsonl", "snapshot")(line), (CorruptArtifact,))
+    assert error is not None and str(MAX_INT_DIGITS) in str(error), error
+
+
+def test_jsonl_reads_the_widest_integer_exactly() -> None:
+    value = -(10**MAX_INT_DIGITS - 1)
+    rows: list[Any] = []
+    line = b'{"id":-' + b"9" * MAX_INT_DIGITS + b"}\n"
+    assert guarded(lambda: rows.extend(FORMATS["jsonl"].read_snapshot(io.BytesIO(line))), (CorruptArtifact,)) is None
+    assert rows == [{"id": value}]
