@@ -38,6 +38,7 @@ from dagster_aws.s3 import S3Resource
 from pydantic import PrivateAttr
 
 from snapshot_assets.config import CredentialProfile, load_config
+from snapshot_assets.redaction import register_secret
 
 AMBIENT = CredentialProfile(name="", type="ambient")
 Clock = Callable[[], _dt.datetime]
@@ -130,6 +131,8 @@ class _AssumeRole:
         except BotoCoreError as exc:
             raise self._error(f"STS failed: {exc}") from exc
         self._expiry = creds["Expiration"]
+        for part in ("SecretAccessKey", "SessionToken"):  # botocore's debug logs show the token header
+            register_secret(creds[part], slot=f"assumed {self.profile.name} {part}")
         return {"access_key": creds["AccessKeyId"], "secret_key": creds["SecretAccessKey"],
                 "token": creds["SessionToken"], "expiry_time": creds["Expiration"].isoformat()}
 

@@ -27,6 +27,7 @@ from snapshot_assets.archive.positions import COMPARATORS, comparator
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.verify import verify_archive
 from snapshot_assets.config import load_config
+from snapshot_assets.redaction import install_log_redaction, redact
 
 if TYPE_CHECKING:
     from snapshot_assets.pipeline.table import TablePipeline
@@ -276,12 +277,13 @@ COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cm
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    install_log_redaction()
     args = build_parser().parse_args(argv)
     stream = out or sys.stdout
     try:
         return COMMANDS[args.command](args, stream)
     except (CliError, ArchiveError, DestinationError, ValueError, RuntimeError, TimeoutError) as e:
-        print(f"snapshotter {args.command}: {e}", file=sys.stderr)
+        print(f"snapshotter {args.command}: {redact(str(e))}", file=sys.stderr)
         return 1
 
 

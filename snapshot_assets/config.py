@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 
 from pyhocon import ConfigFactory, ConfigTree
 from pyhocon.exceptions import ConfigException
+from pyparsing import ParseBaseException
 
 from resources.subscribers.tls import ClientTls, TlsError
 from snapshot_assets.archive.formats import FORMATS
@@ -35,6 +37,7 @@ from snapshot_assets.config_values import (
     parse_fraction,
     parse_size,
 )
+from snapshot_assets.redaction import dsn_problem, redact, register_dsn
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "demo.conf"
 ENV_PREFIX = "SNAPSHOTTER__"
@@ -42,9 +45,11 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A configuration problem, always naming the file and the key path."""
+    """A configuration problem, always naming the file and the key path (and never a secret: the
+    message is redacted, because some messages quote the bad value or a whole subtree)."""
 
     def __init__(self, file: str, path: str, message: str) -> None:
+        message = redact(message)
         super().__init__(f"{file}: {path}: {message}" if path else f"{file}: {message}")
         self.file, self.path = file, path
 
@@ -268,6 +273,9 @@ TABLE_KEYS = ("source", "key_prefix", "key_fields", "diff", "snapshot", "retenti
 
 
 def _source(s: _Section) -> SourceConfig:
+    dsn = s.tree.get("dsn", None)
+    if isinstance(dsn, str):
+        register_dsn(dsn)  # first: any error about this section must already redact its password
     kind = s.string("type", "laredo", choices=SOURCE_TYPES)
     src = SourceConfig(
         type=kind,
@@ -289,6 +297,10 @@ def _source(s: _Section) -> SourceConfig:
     if src.tls is not None and kind != "laredo":
         raise ConfigError(s.file, s.at("tls"), f"TLS settings apply to a laredo source, not a {kind} source")
     s.done()
+    if src.dsn:
+        problem = dsn_problem(src.dsn)
+        if problem:
+            raise ConfigError(s.file, s.at("dsn"), problem)
     return src
 
 
@@ -455,6 +467,9 @@ def _credentials(s: _Section) -> dict[str, CredentialProfile]:
     return out
 
 
+_ENV_KEY = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
+
+
 def _apply_env_overrides(tree: ConfigTree, env: Mapping[str, str]) -> None:
     """`SNAPSHOTTER__TABLES__0__DIFF__INTERVAL=5s` sets snapshotter.tables[0].diff.interval."""
     for name, value in sorted(env.items()):
@@ -464,6 +479,11 @@ def _apply_env_overrides(tree: ConfigTree, env: Mapping[str, str]) -> None:
         node: Any = tree["snapshotter"]
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
+            where = ".".join(["snapshotter", *parts[:i]])
+            if not _ENV_KEY.fullmatch(part):
+                raise ConfigError(f"${name}", where, f"{part!r} is not a key (letters, digits, single underscores)")
+            if not isinstance(node, (list, ConfigTree)):
+                raise ConfigError(f"${name}", where, "is a value, not an object or a list to set a key in")
             if isinstance(node, list):
                 if not part.isdigit() or int(part) >= len(node):
                     raise ConfigError(f"${name}", ".".join(parts[: i + 1]), f"no list element {part!r}")
@@ -487,7 +507,12 @@ def parse_config(text: str, *, file: str = "<string>", env: Mapping[str, str] | 
 def _parse(parse: Callable[[], ConfigTree], file: str) -> ConfigTree:
     try:
         return parse()
-    except (ConfigException, Exception) as e:  # pyhocon raises pyparsing errors for syntax too
+    except ParseBaseException as e:
+        # pyparsing's own message quotes the text it found there, which may be a secret (a DSN
+        # on that line, the contents of an included key file) and its grammar: the place is enough.
+        raise ConfigError(file, "", f"not valid HOCON: syntax error at line {e.lineno}, column {e.col} "
+                                    "(of the file or of a file it includes)") from None
+    except (ConfigException, Exception) as e:  # substitutions, includes, pyhocon's own checks
         raise ConfigError(file, "", f"not valid HOCON: {e}") from None
 
 

@@ -7,8 +7,10 @@ trigger; here every value either parses or the load fails naming the key and the
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from dateutil.relativedelta import relativedelta
 
@@ -36,6 +38,24 @@ class ValueParseError(ValueError):
     """A scalar that does not parse; the config loader adds the file and key path."""
 
 
+_T = TypeVar("_T")
+
+
+def _in_range(parse: Callable[[Any], _T]) -> Callable[[Any], _T]:
+    """`parse`, with a number too large for its type (a timedelta beyond 999999999 days, a float
+    beyond 1.8e308, an int too large for a float) refused as a ValueParseError naming the value."""
+
+    @functools.wraps(parse)
+    def checked(value: Any) -> _T:
+        try:
+            return parse(value)
+        except OverflowError:
+            raise ValueParseError(f"{value!r} is out of range") from None
+
+    return checked
+
+
+@_in_range
 def parse_duration(value: Any) -> _dt.timedelta:
     """Go durations (`30s`, `1h30m`, `250ms`), HOCON durations (`10 minutes`), plain seconds, `0`.
 
@@ -43,12 +63,14 @@ def parse_duration(value: Any) -> _dt.timedelta:
     when they are a fixed length (months and years are not).
     """
     if isinstance(value, _dt.timedelta):
+        if value < _dt.timedelta(0):
+            raise ValueParseError(f"duration {value!r} is negative")
         return value
     if isinstance(value, relativedelta):
         if value.years or value.months:
             raise ValueParseError(f"duration {value!r} uses months or years, which have no fixed length")
-        return _dt.timedelta(days=value.days, hours=value.hours, minutes=value.minutes,
-                             seconds=value.seconds, microseconds=value.microseconds)
+        return parse_duration(_dt.timedelta(days=value.days, hours=value.hours, minutes=value.minutes,
+                                            seconds=value.seconds, microseconds=value.microseconds))
     if isinstance(value, bool):
         raise ValueParseError(f"expected a duration, got {value!r}")
     if isinstance(value, (int, float)):
@@ -76,6 +98,7 @@ def parse_duration(value: Any) -> _dt.timedelta:
     return _dt.timedelta(seconds=total)
 
 
+@_in_range
 def parse_size(value: Any) -> int:
     """Byte sizes: `32MiB`, `1GB`, `512k`, plain integers. Binary units for K/M/G/T and *iB, SI for *B."""
     if isinstance(value, bool):
@@ -95,6 +118,7 @@ def parse_size(value: Any) -> int:
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
 
 
+@_in_range
 def parse_fraction(value: Any) -> float:
     """A non-negative fraction (0 disables a fraction trigger; 1.5 means 150%); `25%` is accepted too."""
     if isinstance(value, str) and value.strip().endswith("%"):
@@ -105,6 +129,7 @@ def parse_fraction(value: Any) -> float:
     return number
 
 
+@_in_range
 def parse_count(value: Any) -> int:
     number = _number(value)
     if number < 0 or not float(number).is_integer():

@@ -14,8 +14,10 @@ from sensors.run_failure import run_failure_alert
 from snapshot_assets.archive_jobs import verify_archive_job
 from snapshot_assets.assets import archive_is_sound, change_buffer, diff, manifest, snapshot
 from snapshot_assets.jobs import diff_job, force_snapshot, ingest_job, reconstruct_job, snapshot_job
+from snapshot_assets.redaction import install_log_redaction
 from snapshot_assets.tables import config
 
+install_log_redaction()  # every Dagster process of the code location (server, daemon, runs) imports this
 _spark = config().spark
 
 defs = dg.Definitions(

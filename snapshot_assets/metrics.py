@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from snapshot_assets.counters import ARTIFACTS_WRITTEN, CAS_RETRIES, DESTINATION_ERRORS, EVENT_ERRORS
+from snapshot_assets.redaction import redact
 from snapshot_assets.status import TableStatus, table_status
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def table_metadata(pipe: TablePipeline, instance: Any = None) -> dict[str, float
         return dict(asset_metadata(table_status(pipe, instance=instance)))
     except Exception as e:
         log.warning("%s: collecting metrics metadata failed: %s", pipe.name, e)
-        return {"snapshotter_metrics_error": f"{type(e).__name__}: {e}"}
+        return {"snapshotter_metrics_error": redact(f"{type(e).__name__}: {e}")}
 
 
 class StatusCollector:

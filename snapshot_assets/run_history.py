@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from snapshot_assets.config import RetryConfig
+from snapshot_assets.redaction import redact
 
 INGEST_JOB = "ingest_job"
 IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
@@ -71,7 +72,7 @@ def failure_streak(instance: dg.DagsterInstance, tags: Mapping[str, str], job: s
 def failure_message(instance: dg.DagsterInstance, run_id: str) -> str:
     """Why a run failed, in one line: the failed step's error (a `dg.Failure`'s description, or the
     exception the op raised), else the run's failure message. Bounded, so a huge error cannot flood
-    a status page or an alert."""
+    a status page or an alert, and redacted: drivers quote connection strings in their errors."""
     text = ""
     for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
         event = entry.dagster_event
@@ -88,5 +89,5 @@ def failure_message(instance: dg.DagsterInstance, run_id: str) -> str:
     if not text:
         for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
             text = entry.message or text
-    line = " ".join(text.split()) or "no error recorded"
+    line = " ".join(redact(text).split()) or "no error recorded"
     return line if len(line) <= _MESSAGE_LIMIT else line[:_MESSAGE_LIMIT - 1] + "…"

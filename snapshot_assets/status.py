@@ -40,6 +40,7 @@ from snapshot_assets.counters import Values, destination_label
 from snapshot_assets.pipeline.commit import current_manifest, read_copies
 from snapshot_assets.pipeline.decide import next_artifact, parse_time, trigger_state
 from snapshot_assets.pipeline.table import TablePipeline
+from snapshot_assets.redaction import redact
 from snapshot_assets.run_history import INGEST_JOB, failure_message, failure_streak, in_progress, last_ended
 from snapshot_assets.tables import INGEST_TABLE_TAG, TABLE_TAG
 
@@ -265,6 +266,16 @@ def table_status(pipe: TablePipeline, *, instance: dg.DagsterInstance | None = N
     if not status.ingest_alive:
         status.not_ready.append(f"ingest is not running: {status.ingest}")
     status.ready = not status.not_ready
+    return _redacted(status)
+
+
+def _redacted(status: TableStatus) -> TableStatus:
+    """The status with every free text redacted: they quote drivers, clients and servers, and the
+    status goes everywhere (the CLI, metrics, Dagster metadata)."""
+    status.errors = [redact(e) for e in status.errors]
+    status.not_ready = [redact(r) for r in status.not_ready]
+    status.ingest = redact(status.ingest)
+    status.destinations = [dataclasses.replace(d, detail=redact(d.detail)) for d in status.destinations]
     return status
 
 

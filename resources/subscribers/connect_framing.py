@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resources.subscribers.replication_wire import Code, StatusError
+from snapshot_assets.archive.gojson import too_deep
 
 CONTENT_TYPE = "application/connect+proto"
 PROTOCOL_VERSION_HEADER = "Connect-Protocol-Version"
@@ -109,8 +110,10 @@ def parse_end_stream(payload: bytes) -> EndStream:
         return EndStream()
     try:
         doc = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # also bad UTF-8, and integers beyond Python's digit limit
         raise FramingError(f"end-of-stream frame is not JSON: {exc}") from None
+    except RecursionError:
+        raise FramingError(f"end-of-stream frame is not JSON: {too_deep()}") from None
     if not isinstance(doc, dict):
         raise FramingError(f"end-of-stream frame is JSON {type(doc).__name__}, not an object")
     metadata = doc.get("metadata") or {}

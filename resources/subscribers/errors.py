@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from snapshot_assets.redaction import redact
+
 
 class SourceError(Exception):
     """A source failed for `table` because of `cause`; `transient` says whether retrying may help.
@@ -23,9 +25,9 @@ class SourceError(Exception):
 
     def __init__(self, table: str, cause: str, *, transient: bool | None = None) -> None:
         self.table = table
-        self.cause = cause
+        self.cause = redact(cause)  # causes quote drivers and servers, which may echo credentials
         self.transient = self.default_transient if transient is None else transient
-        super().__init__(f"{table}: {cause}")
+        super().__init__(f"{table}: {self.cause}")
 
 
 class SourceUnavailable(SourceError):

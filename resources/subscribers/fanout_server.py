@@ -130,13 +130,14 @@ class _ConnectRequestHandler(BaseHTTPRequestHandler):
                         pass  # trailers
                     return b"".join(parts)
                 total += size
-                if total > _MAX_REQUEST_BYTES:
-                    raise FramingError(f"request body exceeds {_MAX_REQUEST_BYTES} bytes")
+                if size < 0 or total > _MAX_REQUEST_BYTES:
+                    raise FramingError(f"request body chunk of {size} bytes: the body must be 0..{_MAX_REQUEST_BYTES} "
+                                       "bytes")
                 parts.append(self.rfile.read(size))
                 self.rfile.readline(8)
         length = int(self.headers.get("Content-Length") or 0)
-        if length > _MAX_REQUEST_BYTES:
-            raise FramingError(f"request body of {length} bytes exceeds {_MAX_REQUEST_BYTES}")
+        if not 0 <= length <= _MAX_REQUEST_BYTES:
+            raise FramingError(f"request body of {length} bytes is outside 0..{_MAX_REQUEST_BYTES}")
         return self.rfile.read(length)
 
     def _request(self) -> pb.SyncRequest:

@@ -312,13 +312,13 @@ class Sequencer:
         try:
             action = parse_action(entry.action)
             old, new = entry_images(entry, action)
+            commit_time = timestamp_to_datetime(entry.timestamp) if entry.HasField("timestamp") else None
         except ValueError as exc:
             raise ProtocolError(self.table, f"journal entry {entry.sequence}: {exc}") from None
         position = entry.source_position
         lsn = self._parse(position, f"journal entry {entry.sequence} source_position") if position else None
         if lsn == 0:
             position, lsn = "", None
-        commit_time = timestamp_to_datetime(entry.timestamp) if entry.HasField("timestamp") else None
         event = ChangeEvent("", action, old, new, commit_time, entry.sequence)
         return _Change(entry.sequence, position, lsn, event)
 

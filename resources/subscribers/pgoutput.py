@@ -151,6 +151,14 @@ _UINT64 = struct.Struct("!Q")
 _INT64 = struct.Struct("!q")
 
 
+def _utf8(data: bytes, what: str) -> str:
+    """`data` as text; the server's encoding is UTF-8 (checked at connect), so anything else is damage."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PgOutputError(f"{what} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
 class _Reader:
     """A cursor over one message's bytes that raises `PgOutputError` instead of reading past the end."""
 
@@ -167,6 +175,19 @@ class _Reader:
             raise PgOutputError(f"message truncated: needs {end} bytes, has {len(self._buf)}")
         self._pos = end
         return start
+
+    def length(self, what: str) -> int:
+        """An Int32 length or count of `what`, checked against the bytes left in the message.
+
+        The message is the bound: a length prefix can never make the decoder read (or expect)
+        more than the server sent, and a negative one is damage, not "no data".
+        """
+        value = self.int32()
+        left = self.left()
+        if not 0 <= value <= left:
+            raise PgOutputError(f"{what} {value} is outside 0..{left}, the bytes left in the message (truncated or "
+                                "damaged)")
+        return value
 
     def byte(self) -> int:
         return self._buf[self._take(1)]
@@ -189,13 +210,17 @@ class _Reader:
     def timestamp(self) -> _dt.datetime:
         """A PostgreSQL timestamp: microseconds since 2000-01-01 00:00 UTC."""
         micros = int(_INT64.unpack_from(self._buf, self._take(8))[0])
-        return _PG_EPOCH + _dt.timedelta(microseconds=micros)
+        try:
+            return _PG_EPOCH + _dt.timedelta(microseconds=micros)
+        except OverflowError:
+            raise PgOutputError(f"timestamp of {micros} microseconds since 2000 lies outside the years 1-9999") \
+                from None
 
     def cstring(self) -> str:
         end = self._buf.find(b"\x00", self._pos)
         if end < 0:
-            raise PgOutputError("unterminated string")
-        text = self._buf[self._pos:end].decode("utf-8")
+            raise PgOutputError(f"unterminated string at byte {self._pos}")
+        text = _utf8(self._buf[self._pos:end], f"string at byte {self._pos}")
         self._pos = end + 1
         return text
 
@@ -203,9 +228,8 @@ class _Reader:
         start = self._take(size)
         return self._buf[start:start + size]
 
-    def text(self, size: int) -> str:
-        start = self._take(size)
-        return self._buf[start:start + size].decode("utf-8")
+    def left(self) -> int:
+        return len(self._buf) - self._pos
 
     def buffer_at(self) -> tuple[bytes, int]:
         """The buffer and the read position, for a caller that parses a hot section itself."""
@@ -237,8 +261,15 @@ def _tuple_data(r: _Reader) -> TupleData:
             kind = buf[pos]
             if kind == _TEXT:
                 (length,) = length_at(buf, pos + 1)
-                pos += 5 + length
-                append(buf[pos - length:pos].decode("utf-8"))
+                start, pos = pos + 5, pos + 5 + length
+                if length < 0 or pos > size:
+                    raise PgOutputError(f"column {len(values) + 1} length {length} is outside 0.."
+                                        f"{max(0, size - start)}, the bytes left in the message (truncated or "
+                                        "damaged)")
+                try:
+                    append(buf[start:pos].decode("utf-8"))
+                except UnicodeDecodeError:
+                    append(_utf8(buf[start:pos], f"column {len(values) + 1}"))
             elif kind == _NULL:
                 append(None)
                 pos += 1
@@ -251,8 +282,6 @@ def _tuple_data(r: _Reader) -> TupleData:
                 raise PgOutputError(f"unknown tuple data kind {chr(kind)!r}")
     except (struct.error, IndexError):
         raise PgOutputError("message truncated inside tuple data") from None
-    if pos > size:
-        raise PgOutputError("message truncated inside a column value")
     r.advance_to(pos)
     return tuple(values)
 
@@ -282,9 +311,12 @@ def _origin(r: _Reader) -> Origin:
 
 def _relation(r: _Reader) -> Relation:
     oid, namespace, name, identity = r.oid(), r.cstring(), r.cstring(), r.char()
+    count = r.int16()
+    if count < 0:
+        raise PgOutputError(f"relation {oid} has a negative column count {count}")
     columns = tuple(
         RelationColumn(flags=r.byte(), name=r.cstring(), type_oid=r.oid(), type_modifier=r.int32())
-        for _ in range(r.int16())
+        for _ in range(count)
     )
     return Relation(oid=oid, namespace=namespace, name=name, replica_identity=identity, columns=columns)
 
@@ -319,13 +351,17 @@ def _delete(r: _Reader) -> Delete:
 def _truncate(r: _Reader) -> Truncate:
     count = r.int32()
     options = r.byte()
+    if not 0 <= count <= r.left() // 4:
+        raise PgOutputError(f"truncate relation count {count} is outside 0..{r.left() // 4}, "
+                            "what the bytes left in the message hold")
     oids = tuple(r.oid() for _ in range(count))
     return Truncate(relation_oids=oids, cascade=bool(options & 1), restart_identity=bool(options & 2))
 
 
 def _logical_message(r: _Reader) -> LogicalMessage:
     transactional, lsn, prefix = bool(r.byte() & 1), r.lsn(), r.cstring()
-    return LogicalMessage(transactional=transactional, lsn=lsn, prefix=prefix, content=r.raw(r.int32()))
+    return LogicalMessage(transactional=transactional, lsn=lsn, prefix=prefix,
+                          content=r.raw(r.length("logical message content length")))
 
 
 _DECODERS: dict[str, Callable[[_Reader], Message]] = {

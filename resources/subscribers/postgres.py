@@ -110,6 +110,7 @@ from resources.subscribers.events import (
 from snapshot_assets.archive.changes import Action, Row
 from snapshot_assets.archive.positions import format_lsn, parse_lsn
 from snapshot_assets.config import UNCHANGED_TOAST_POLICIES
+from snapshot_assets.redaction import dsn_problem
 
 Connection = Any  # a psycopg2 connection (the package ships no type information)
 
@@ -425,10 +426,10 @@ class PostgresSubscriber:
     # --- connections and catalog -------------------------------------------------------------
 
     def _connect(self, factory: Any = None) -> Connection:
-        try:
-            params = psycopg2.extensions.parse_dsn(self.dsn)
-        except psycopg2.ProgrammingError as exc:
-            raise SourceConfigError(self.name, f"invalid dsn: {_first_line(exc)}") from exc
+        problem = dsn_problem(self.dsn)
+        if problem is not None:
+            raise SourceConfigError(self.name, f"invalid dsn: {problem}")
+        params = psycopg2.extensions.parse_dsn(self.dsn)
         extra: dict[str, Any] = {"options": _options(params.get("options"))}
         if "connect_timeout" not in params:
             extra["connect_timeout"] = 10

@@ -147,8 +147,17 @@ def columns_to_proto(columns: Sequence[Column]) -> list[pb.ColumnDefinition]:
 # --- timestamps ---------------------------------------------------------------------------------
 
 
+_UNIX_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+
+
 def timestamp_to_datetime(ts: timestamp_pb2.Timestamp) -> _dt.datetime:
-    return _dt.datetime.fromtimestamp(ts.seconds, tz=_dt.UTC) + _dt.timedelta(microseconds=ts.nanos // 1000)
+    """The UTC datetime of `ts`; one outside the years 1-9999 (damage, or a hostile server) is a
+    ValueError naming it, not the OverflowError or OSError of the platform's time functions."""
+    try:
+        return _UNIX_EPOCH + _dt.timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
+    except OverflowError:
+        raise ValueError(f"timestamp of {ts.seconds} s + {ts.nanos} ns since 1970 lies outside the "
+                         "years 1-9999") from None
 
 
 def datetime_to_timestamp(target: timestamp_pb2.Timestamp, value: _dt.datetime) -> None:

@@ -456,10 +456,45 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: The longest integer literal a reader accepts: PostgreSQL numeric's 131072 digits before the
+#: point, the widest integer any source produces. Text to int costs more than linear time (CPython
+#: is quadratic past its 4300-digit limit), so a damaged artifact's megabytes of digits must be
+#: refused, not converted.
+MAX_INT_DIGITS = 131072
+_INT_CHUNK_DIGITS = 3000  # below CPython's int/str digit limit
+
+
 def _exact_int(text: str) -> int:
-    if len(text) < 4000:
+    digits = len(text) - text.startswith("-")
+    if digits <= _INT_CHUNK_DIGITS:
         return int(text)
-    return int(Decimal(text))  # not subject to the int/str digit limit
+    if digits > MAX_INT_DIGITS:
+        raise CorruptArtifact(f"an integer of {digits} digits exceeds the {MAX_INT_DIGITS}-digit limit")
+    if text.startswith("-"):
+        return -_digits_value(text[1:], {})
+    return _digits_value(text, {})
+
+
+def _digits_value(digits: str, powers: dict[int, int]) -> int:
+    """The value of a long digit string by halves (Karatsuba multiplication makes it subquadratic,
+    where `int()` of the whole string is quadratic); `powers` memoizes the powers of ten."""
+    if len(digits) <= _INT_CHUNK_DIGITS:
+        return int(digits)
+    half = len(digits) // 2
+    low = len(digits) - half
+    if low not in powers:
+        powers[low] = 10**low
+    return _digits_value(digits[:half], powers) * powers[low] + _digits_value(digits[half:], powers)
+
+
+def too_deep() -> str:
+    """Why a JSON document nested too deeply is refused, with the bound.
+
+    CPython's decoder recurses once per array/object level and gives up at the interpreter's
+    recursion limit (a RecursionError, not a JSONDecodeError), so that limit is the depth bound of
+    every JSON input this project reads: artifacts, manifests, Connect end-of-stream frames.
+    """
+    return f"JSON nested deeper than {sys.getrecursionlimit()} levels"
 
 
 def loads(data: bytes | bytearray | str) -> Any:
@@ -476,6 +511,8 @@ def loads(data: bytes | bytearray | str) -> Any:
         return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise CorruptArtifact(f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise CorruptArtifact(too_deep()) from None
     except ValueError:
         # Only the int digit limit (an integer of more than sys.get_int_max_str_digits() digits)
         # gets here; parse again with an exact, unlimited integer parser.

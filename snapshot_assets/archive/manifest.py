@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from snapshot_assets.archive.errors import CorruptManifest, UnsupportedManifestVersion
-from snapshot_assets.archive.gojson import marshal_indent
+from snapshot_assets.archive.gojson import marshal_indent, too_deep
 from snapshot_assets.archive.positions import Comparator
 
 MANIFEST_VERSION = 1
@@ -217,6 +217,8 @@ def loads(data: bytes | str, *, source: str = "manifest") -> Manifest:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise CorruptManifest(f"{source}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise CorruptManifest(f"{source}: not valid JSON ({too_deep()})") from None
     if not isinstance(doc, dict):
         raise CorruptManifest(f"{source}: expected a JSON object, got {type(doc).__name__}")
     version = doc.get("manifest_version", 0)

@@ -224,7 +224,8 @@ class _Frames:
             if shift >= 64:
                 raise CorruptArtifact(f"protobuf artifact has an over-long length prefix at byte {start}")
         if value > MAX_MESSAGE_BYTES:
-            raise CorruptArtifact(f"protobuf length prefix {value} at byte {start} exceeds 2 GiB")
+            raise CorruptArtifact(f"protobuf length prefix {value} at byte {start} exceeds 2 GiB "
+                                  f"(the {MAX_MESSAGE_BYTES}-byte message limit)")
         return value
 
     def _take(self, n: int) -> bytes:
