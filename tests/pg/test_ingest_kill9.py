@@ -55,6 +55,7 @@ from tests.pg.conftest import PgCluster
 KILLS: Final = 22
 SEED: Final = 4711
 INITIAL_ROWS: Final = 60
+CATCH_UP_S: Final = 240.0  # generous: a loaded 2-core machine can take minutes; a real stall still fails
 TARGET_ROWS: Final = (40, 140)  # the workload steers the table size into this band
 TX_PAUSE_S: Final = (0.0, 0.012)  # between transactions: ~150 tx/s, thousands over the test
 KEY: Final = ("tenant", "id")
@@ -584,7 +585,7 @@ def test_ingest_killed_at_random_holds_exactly_the_source_history(pg_cluster: Pg
 
     started = time.monotonic()
     ingest.start()
-    _wait(lambda: durable() is not None, 60, "the initial load to be durable", ingest)
+    _wait(lambda: durable() is not None, CATCH_UP_S, "the initial load to be durable", ingest)
     workload.start()
 
     rng = random.Random(SEED)
@@ -607,7 +608,7 @@ def test_ingest_killed_at_random_holds_exactly_the_source_history(pg_cluster: Pg
         n = workload.stop()
         workload.check_running()
         last = format_lsn(workload.bounds[-2])  # the last transaction's commit LSN is at or after it
-        _wait(lambda: compare_lsn(durable() or "", last) >= 0, 60, "ingest to catch up with the last transaction",
+        _wait(lambda: compare_lsn(durable() or "", last) >= 0, CATCH_UP_S, "ingest to catch up with the last transaction",
               ingest)
         assert ingest.terminate() == 0, ingest.tail()
     finally:
