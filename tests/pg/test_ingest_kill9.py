@@ -608,8 +608,8 @@ def test_ingest_killed_at_random_holds_exactly_the_source_history(pg_cluster: Pg
         n = workload.stop()
         workload.check_running()
         last = format_lsn(workload.bounds[-2])  # the last transaction's commit LSN is at or after it
-        _wait(lambda: compare_lsn(durable() or "", last) >= 0, CATCH_UP_S, "ingest to catch up with the last transaction",
-              ingest)
+        _wait(lambda: compare_lsn(durable() or "", last) >= 0, CATCH_UP_S,
+              "ingest to catch up with the last transaction", ingest)
         assert ingest.terminate() == 0, ingest.tail()
     finally:
         workload.stop()
