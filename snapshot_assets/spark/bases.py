@@ -203,7 +203,7 @@ class LayeredBase:
         cut = max((i for i, d in enumerate(self.deltas) if d.truncated), default=-1)
         layers = self.deltas[max(cut, 0):]
         steps = [d.frame(spark).selectExpr("key", "new AS row", f"{i} AS layer") for i, d in enumerate(layers)]
-        stacked = functools.reduce(DataFrame.unionByName, steps)
+        stacked = functools.reduce(lambda a, b: a.unionByName(b), steps)
         latest = stacked.groupBy("key").agg({"layer": "max"}).withColumnRenamed("max(layer)", "layer")
         latest = stacked.join(latest, ["key", "layer"], "left_semi").select("key", "row")
         start = self.state.frame(spark, key_fields) if cut < 0 else spark.createDataFrame([], STATE_DDL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import subprocess
 import sys
@@ -12,11 +13,12 @@ from typing import Any
 import pytest
 
 from resources.subscribers.generator import KEY_FIELDS
-from snapshot_assets.archive.algebra import collapse
+from snapshot_assets.archive.algebra import apply
+from snapshot_assets.archive.changes import Action
 from snapshot_assets.config import SparkConfig
 from snapshot_assets.spark import connect_server
 from snapshot_assets.spark import session as session_module
-from snapshot_assets.spark.bases import EmptyBase
+from snapshot_assets.spark.bases import LayeredBase, choose_base
 from snapshot_assets.spark.connect_server import (
     ConnectServerError,
     local_server_info,
@@ -24,8 +26,10 @@ from snapshot_assets.spark.connect_server import (
     stop_local_connect_server,
 )
 from snapshot_assets.spark.diff import build_diff
+from snapshot_assets.spark.effects import decode_row
 from snapshot_assets.spark.session import open_spark
-from tests.spark.conftest import ALL_FORMATS, change_multiset, generate, read_parts, window_changes
+from snapshot_assets.spark.snapshot import build_snapshot
+from tests.spark.conftest import ALL_FORMATS, by_key, generate, read_parts
 
 
 def test_server_command_uses_the_bundled_jars_only() -> None:
@@ -57,12 +61,25 @@ def test_local_connect_server_end_to_end(tmp_path: Path) -> None:
     try:
         cold = open_spark(config, state_dir=state)
         assert cold.mode == "connect-local" and cold.is_connect and "started" in cold.note
-        g = generate(tmp_path / "buffer", 71, truncate=0.005, changes=800)
-        lo, hi = g.boundaries[3], g.boundaries[-1]
-        built = build_diff(cold.spark, g.reader.segments(lo, hi), EmptyBase(lo), hi, KEY_FIELDS, ALL_FORMATS,
-                           tmp_path / "staging", tmp_path / "delta")
-        expected = collapse(window_changes(g.reader, lo, hi), KEY_FIELDS)
-        assert change_multiset(read_parts(built.formats["jsonl"], "diff")) == change_multiset(expected)
+        # The whole DEFAULT-identity path over Connect: a snapshot, then diffs on the layered state
+        # (image completion in several passes, deltas), and the state at the head from 3 deltas.
+        g = generate(tmp_path / "buffer", 71, truncate=0.005, changes=800, identity="default", pk_change=0.2)
+        b = g.boundaries
+        base, segments = choose_base(g.reader, b[0])
+        first = build_snapshot(cold.spark, base, segments, b[0], KEY_FIELDS, ("jsonl",), tmp_path / "s0",
+                               tmp_path / "state")
+        layered = LayeredBase(first.details["state"], ())
+        cuts = [b[0], b[len(b) // 3], b[2 * len(b) // 3], b[-1]]
+        for i, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+            built = build_diff(cold.spark, g.reader.segments(lo, hi), layered, hi, KEY_FIELDS, ALL_FORMATS,
+                               tmp_path / f"staging{i}", tmp_path / f"delta{i}")
+            folded = {} if built.truncated else dict(g.gen.table_at(lo))
+            apply(folded, [c for c in read_parts(built.formats["jsonl"], "diff") if c.action is not Action.TRUNCATE],
+                  KEY_FIELDS)
+            assert folded == g.gen.table_at(hi)
+            layered = LayeredBase(layered.state, (*layered.deltas, built.details["delta"]))
+        head = [decode_row(r["row"]) for r in layered.frame(cold.spark, KEY_FIELDS).collect()]
+        assert by_key([r for r in head if r is not None]) == g.gen.table_at(b[-1])
         cold.stop()
 
         started = time.monotonic()
