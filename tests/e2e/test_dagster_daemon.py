@@ -402,6 +402,8 @@ def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyP
         down = table_status(TablePipeline(quiet), instance=instance)
         assert not down.ready and down.artifact_failures >= 1, down
         assert any(r.startswith("no snapshot committed yet (the last run ") for r in down.not_ready), down.not_ready
+        blocked_failures = {r.run_id for r in runs(instance, "snapshot_job")
+                            if r.tags.get(PARTITION_TAG) == QUIET and r.status == dg.DagsterRunStatus.FAILURE}
         blocker.unlink()
         landed = wait_for(lambda: succeeded(instance, boundary), RETRY_DEADLINE_S,
                           f"the sensor's retry of {boundary}", procs)
@@ -492,8 +494,10 @@ def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyP
         for _ in range(2):  # twice: a tick that was already evaluating may still have submitted a run
             wait_for(lambda: no_artifact_run_in_progress(instance), FORCED_DEADLINE_S, "artifact runs to end", procs)
             time.sleep(6)
+        # The injected fault may also have failed an earlier boundary of the quiet table (its first
+        # snapshot requested before its one transaction was durable); every other run succeeds.
         unsuccessful = [r.run_id for r in runs(instance) if r.job_name != "ingest_job"
-                        and r.status != dg.DagsterRunStatus.SUCCESS and r.tags.get(BOUNDARY_TAG) != boundary]
+                        and r.status != dg.DagsterRunStatus.SUCCESS and r.run_id not in blocked_failures]
         assert not unsuccessful, f"artifact runs did not succeed: {unsuccessful}"
         client.terminate_run(ingest.run_id)
         ended = wait_for(lambda: ended_status(run_status(instance, ingest.run_id)), 90,

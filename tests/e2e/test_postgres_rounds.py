@@ -39,8 +39,10 @@ import json
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -409,18 +411,29 @@ def run_once(config: Path, work: Path, log: Path) -> str:
     return out
 
 
-def killed_run(config: Path, work: Path, log: Path, rng: random.Random) -> float:
-    """Start `run --once` and SIGKILL it at a random moment (ingest, Spark build, upload or commit)."""
+@dataclass
+class Kill:
+    """A `run --once` meant to be killed: when, and what it printed if it finished first."""
+
+    delay: float
+    output: str | None  # None: it was killed
+
+
+def killed_run(config: Path, work: Path, log: Path, rng: random.Random, typical_s: float) -> Kill:
+    """Start `run --once` and SIGKILL it at a random moment of a run of typical length `typical_s`
+    (ingest, Spark build, upload or commit), so the kill lands inside however fast the machine is."""
     command = [str(Path(sys.executable).with_name("snapshotter")), "run", "--once", "--config", str(config)]
-    delay = rng.uniform(1.0, 12.0)
-    with log.open("ab") as err:
-        proc = subprocess.Popen(command, cwd=work, env=e2e_env(), stdout=subprocess.DEVNULL, stderr=err)
+    delay = rng.uniform(0.1, 0.8) * typical_s
+    with log.open("ab") as err, tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(command, cwd=work, env=e2e_env(), stdout=out, stderr=err)
         try:
             proc.wait(timeout=delay)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-    return delay
+            return Kill(delay, None)
+        out.seek(0)
+        return Kill(delay, out.read().decode(errors="replace"))
 
 
 def check_archive(archive: Archive, history: History, *, complete: bool = True) -> Manifest:
@@ -484,7 +497,8 @@ def test_postgres_rounds(pg_cluster: PgCluster, workdir: Path, identity: str, ro
     conn.autocommit = False
     workload = Workload(conn, SEED, identity)
     killer = random.Random(SEED + 1)
-    kills: list[float] = []
+    kills: list[Kill] = []
+    durations: list[float] = []
     epochs: list[int] = []
     heads: list[str] = []
     outputs: list[str] = []
@@ -497,9 +511,13 @@ def test_postgres_rounds(pg_cluster: PgCluster, workdir: Path, identity: str, ro
             if number == LOST_STATE_ROUND:
                 shutil.rmtree(workdir / "buffer" / "_state")
             if number in KILL_ROUNDS:
-                kills.append(killed_run(config, workdir, log, killer))
+                kill = killed_run(config, workdir, log, killer, statistics.median(durations))
+                kills.append(kill)
+                outputs.extend([kill.output] if kill.output is not None else [])
                 check_archive(archive, workload.history, complete=False)
+            began = time.monotonic()
             outputs.append(run_once(config, workdir, log))
+            durations.append(time.monotonic() - began)
             manifest = check_archive(archive, workload.history)
             if heads:
                 assert compare_lsn(manifest.head_position, heads[-1]) > 0, "the head did not advance"
@@ -530,5 +548,7 @@ def test_postgres_rounds(pg_cluster: PgCluster, workdir: Path, identity: str, ro
                <= history.index_at(a.to_position) for a in final.artifacts), "no diff holds the TRUNCATE"
     print("".join(outputs))
     print(f"{identity}: {rounds} rounds, {len(workload.history.states) - 1} transactions, epochs {epochs}, "
-          f"{len(final.artifacts)} artifacts, runs killed after {[round(k, 1) for k in kills]} s, "
+          f"{len(final.artifacts)} artifacts, runs killed after "
+          f"{[round(k.delay, 1) for k in kills if k.output is None]} s "
+          f"({sum(k.output is not None for k in kills)} finished first), "
           f"{workload.toast_untouched} updates left large values alone, {time.monotonic() - started:.0f}s")

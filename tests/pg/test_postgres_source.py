@@ -249,7 +249,7 @@ def test_resume_replays_nothing_before_and_loses_nothing_after(source: Any, db: 
     _wait_inactive(db, names.slot)
     resumed, _ = source()
     stream = Stream(resumed.events(acked))
-    assert stream.durable_schema().key_fields == ("id",)
+    assert stream.schema().key_fields == ("id",)
     db.tx(f"INSERT INTO {names.table} VALUES (5)")
     replayed = stream.transactions(3)
     assert [[c.new for c in tx.changes] for tx in replayed] == [[{"id": 3}], [{"id": 4}], [{"id": 5}]]
@@ -296,7 +296,7 @@ def test_busy_slot_and_lost_connection_are_transient_and_resumable(source: Any, 
     db.tx(f"INSERT INTO {names.table} VALUES (2)")
     resumed, _ = source()
     stream = Stream(resumed.events(durable))
-    stream.durable_schema()
+    stream.schema()
     assert [c.new for c in stream.transactions(1)[0].changes] == [{"id": 2}]
 
 

@@ -206,7 +206,7 @@ def test_a_restart_after_alter_table_resyncs_when_the_caller_holds_the_old_shape
     resumed, _ = source()
     resumed.resume_schema(old_schema)
     stream = Stream(resumed.events(tx.position))
-    assert stream.durable_schema() == old_schema  # what the rows through the resume position look like
+    assert stream.schema() == old_schema  # what the rows through the resume position look like
     db.tx(f"INSERT INTO {names.table} VALUES (3, 30, 8)")
     resync = next_resync(stream)
     assert resync.reason == SCHEMA_CHANGE
@@ -220,7 +220,7 @@ def test_a_restart_after_alter_table_resyncs_when_the_caller_holds_the_old_shape
     again, _ = source()
     again.resume_schema(resync.schema)
     stream = Stream(again.events(resync.end.position))
-    assert stream.durable_schema() == resync.schema
+    assert stream.schema() == resync.schema
     db.tx(f"UPDATE {names.table} SET extra = 9 WHERE id = 1")
     (tx,) = stream.transactions(1)
     assert [c.new for c in tx.changes] == [{"id": 1, "v": 10, "extra": 9}]
@@ -245,7 +245,7 @@ def test_a_resync_cut_short_keeps_the_slot_and_is_done_again_on_resume(source: S
     resumed, _ = source()
     resumed.resume_schema(schema)
     stream = Stream(resumed.events(tx.position))
-    stream.durable_schema()
+    stream.schema()
     resync = next_resync(stream)
     assert resync.rows == table_rows(db, names.table) and len(resync.rows) == 301
     assert resync.rows[1] == {"id": 1, "v": 0}
