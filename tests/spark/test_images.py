@@ -16,10 +16,23 @@ from typing import Any
 
 import pytest
 
+from resources.buffer import ChangeBuffer
+from resources.subscribers.events import (
+    ChangeEvent,
+    Column,
+    ResyncBegin,
+    ResyncEnd,
+    SchemaEvent,
+    SnapshotRow,
+    TableSchema,
+    TxEnd,
+)
 from resources.subscribers.generator import KEY_FIELDS
 from snapshot_assets.archive.algebra import apply
 from snapshot_assets.archive.changes import Action
 from snapshot_assets.archive.keys import typed_key
+from snapshot_assets.config import parse_config
+from snapshot_assets.pipeline.table import TablePipeline
 from snapshot_assets.spark.bases import EmptyBase, LayeredBase, StateBase, choose_base
 from snapshot_assets.spark.diff import build_diff
 from snapshot_assets.spark.images import UnfillableValue
@@ -82,3 +95,32 @@ def test_a_value_with_no_earlier_image_fails_naming_key_column_and_position(spar
     with pytest.raises(UnfillableValue, match=r"key \[\d+\] columns \[.*\] at position [0-9A-F]+/[0-9A-F]{8}"):
         build_diff(spark, g.reader.segments(lo, hi), EmptyBase(lo), hi, KEY_FIELDS, ALL_FORMATS,
                    tmp_path / "staging", tmp_path / "delta")
+
+
+def test_the_pipeline_names_the_table_and_commits_nothing(spark: Any, tmp_path: Path) -> None:
+    """A source that sends an UPDATE omitting a value of a row the archive never held (it started
+    after the row was written): the build fails naming table, key, column and position; no manifest."""
+    table = "public.accounts"
+    schema = TableSchema(table, (Column("user_id", "bigint", False, primary_key=True, ordinal=1, primary_key_ordinal=1),
+                                 Column("name", "text", ordinal=2), Column("bio", "text", ordinal=3)))
+    pipe = TablePipeline(parse_config(f"""
+snapshotter {{
+  source {{ type = laredo, server = "localhost:4002", table = accounts }}
+  destinations = [ {{ type = local, path = "{tmp_path / 'archive'}" }} ]
+  buffer.path = "{tmp_path / 'buffer'}"
+}}
+""", env={}).tables[0])
+    with ChangeBuffer(tmp_path / "buffer", table) as buf:
+        for event in (SchemaEvent(schema), ResyncBegin("initial load"),
+                      SnapshotRow({"user_id": 1, "name": "a", "bio": "x" * 9000}), ResyncEnd("0/10", 1),
+                      ChangeEvent("0/20", Action.UPDATE, new={"user_id": 1, "name": "b"}, unchanged=("bio",)),
+                      ChangeEvent("0/20", Action.UPDATE, new={"user_id": 2, "name": "c"}, unchanged=("bio",)),
+                      TxEnd("0/20")):
+            buf.append(event)
+        buf.seal()
+    nxt = pipe.decide()
+    assert nxt.kind == "snapshot" and nxt.to_position == "0/20"
+    named = r"^table public\.accounts: .* key \[2\] columns \['bio'\] at position 0/20"
+    with pytest.raises(UnfillableValue, match=named):
+        pipe.build(spark, nxt)
+    assert not pipe.manifest().artifacts
