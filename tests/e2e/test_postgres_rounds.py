@@ -373,20 +373,21 @@ class Archive:
                              cmp=compare_lsn)
 
 
-def write_config(path: Path, dsn: str, work: Path) -> None:
+def write_config(path: Path, dsn: str, work: Path, *, table: str = TABLE, max_churn: int = MAX_CHURN) -> None:
+    """The table's config file; `max_churn = 0` turns the churn re-base off."""
     path.write_text(f"""
 snapshotter {{
   source {{
     type = postgres
     dsn = "{dsn}"
     schema = public
-    table = {TABLE}
-    slot = {TABLE}_slot
-    publication = {TABLE}_pub
+    table = {table}
+    slot = {table}_slot
+    publication = {table}_pub
   }}
   key_fields = [id]
   diff.interval = 1s
-  snapshot {{ min_interval = 0s, max_churn_records = {MAX_CHURN} }}
+  snapshot {{ min_interval = 0s, max_churn_records = {max_churn} }}
   retention.keep_epochs = 0
   destinations = [ {{ type = local, path = "{work / 'archive'}" }} ]
   formats {{

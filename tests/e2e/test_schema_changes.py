@@ -55,6 +55,7 @@ from tests.e2e.test_postgres_rounds import (
     as_state,
     check_boundaries,
     run_once,
+    write_config,
 )
 from tests.pg.conftest import PgCluster
 
@@ -207,31 +208,6 @@ class Workload:
                     self.transaction(self.rows)
 
 
-def write_config(path: Path, dsn: str, work: Path) -> None:
-    path.write_text(f"""
-snapshotter {{
-  source {{
-    type = postgres
-    dsn = "{dsn}"
-    schema = public
-    table = {TABLE}
-    slot = {TABLE}_slot
-    publication = {TABLE}_pub
-  }}
-  key_fields = [id]
-  diff.interval = 1s
-  snapshot {{ min_interval = 0s }}
-  retention.keep_epochs = 0
-  destinations = [ {{ type = local, path = "{work / 'archive'}" }} ]
-  formats {{
-    snapshot = [jsonl, protobuf, parquet]
-    diff = [jsonl, protobuf, parquet]
-  }}
-  buffer {{ path = "{work / 'buffer'}", seal_interval = 200ms }}
-}}
-""")
-
-
 def killed_run(config: Path, work: Path, log: Path, delay: float) -> None:
     """`snapshotter run --once`, SIGKILLed after `delay` seconds unless it finished before."""
     command = [str(Path(sys.executable).with_name("snapshotter")), "run", "--once", "--config", str(config)]
@@ -287,7 +263,7 @@ def check_round(archive: Archive, history: SchemaHistory, *, ended_with_rows: bo
 def test_schema_changes_while_archiving(pg_cluster: PgCluster, workdir: Path) -> None:
     started = time.monotonic()
     config = workdir / "snapshotter.conf"
-    write_config(config, pg_cluster.dsn(), workdir)
+    write_config(config, pg_cluster.dsn(), workdir, table=TABLE, max_churn=0)
     table = load_config(config, env={}).tables[0]
     archive = Archive(table, build_destination(table.destinations[0]))
     log = workdir / "runs.log"
