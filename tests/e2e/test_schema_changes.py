@@ -54,6 +54,7 @@ from tests.e2e.test_postgres_rounds import (
     History,
     as_state,
     check_boundaries,
+    drop_archived_table,
     run_once,
     write_config,
 )
@@ -293,14 +294,7 @@ def test_schema_changes_while_archiving(pg_cluster: PgCluster, workdir: Path) ->
                 snap = manifest.latest_snapshot()
                 assert snap is not None and (parse_lsn(snap.to_position) or 0) > altered, number
     finally:
-        conn.rollback()
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                        "WHERE slot_name = %s AND NOT active", (f"{TABLE}_slot",))
-            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(TABLE)))
-            cur.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(f"{TABLE}_pub")))
-        conn.close()
+        drop_archived_table(conn, TABLE)
 
     text = "".join(outputs)
     # Snapshots are written for schema changes only (the policy has no re-base threshold); a killed
