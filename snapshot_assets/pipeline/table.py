@@ -180,7 +180,8 @@ class TablePipeline:
             epoch = m.epoch + 1
             base, segments = choose_base(reader, nxt.to_position, state=state, artifact=artifact, cmp=self.cmp)
             built = build_snapshot(spark, base, segments, nxt.to_position, key_fields,
-                                   self.cfg.snapshot_formats, self.staging, self.state_root / f"epoch={epoch}")
+                                   self.cfg.snapshot_formats, self.staging, self.state_root / f"epoch={epoch}",
+                                   previous_keys=self._reusable_objects(previous, state))
             shutil.rmtree(self.base_cache, ignore_errors=True)
         refs = assemble(built, self.destinations, self.cfg.key_prefix, epoch)
         shutil.rmtree(self.staging, ignore_errors=True)
@@ -197,7 +198,8 @@ class TablePipeline:
     def _state_at_head(self, m: Manifest) -> Any:
         """The newest snapshot's STATE dataset plus the deltas of the committed diffs after it, as far
         as they are all here (a `LayeredBase`), or None when the snapshot's state itself is not."""
-        from snapshot_assets.spark.bases import DeltaSet, LayeredBase, StateBase
+        from snapshot_assets.spark.bases import DeltaSet, LayeredBase
+        from snapshot_assets.spark.state import StateBase
 
         snap = m.latest_snapshot()
         if snap is None:
@@ -212,6 +214,23 @@ class TablePipeline:
                 break
             deltas.append(delta)
         return LayeredBase(state, tuple(deltas))
+
+    def _reusable_objects(self, previous: Artifact | None, state: Any) -> dict[str, str]:
+        """Per byte format, the previous snapshot's object key when every destination holds it whole
+        and it was built from `state` (its buckets' bytes, in order): the ranges a re-base copies."""
+        from snapshot_assets.spark.state import BYTE_FORMATS
+
+        if previous is None or state is None or state.state.position != previous.to_position:
+            return {}
+        found: dict[str, str] = {}
+        for fid in BYTE_FORMATS:
+            if fid not in previous.formats or fid not in state.state.formats:
+                continue
+            key = artifact_key(self.cfg.key_prefix, previous, FORMATS[fid])
+            size = sum(b.sizes.get(fid, 0) for b in state.state.buckets)
+            if all(any(o.key == key and o.size == size for o in d.list(key)) for d in self.destinations):
+                found[fid] = key
+        return found
 
     def _artifact_base(self, previous: Artifact | None, *, download: bool = False) -> Any:
         """The previous snapshot's objects as a Spark base: from a local destination, else (with
@@ -288,12 +307,22 @@ class TablePipeline:
         return True
 
     def _prune_state(self, m: Manifest) -> None:
-        """Keep only the STATE dataset of the newest snapshot and the deltas of its epoch (the head)."""
+        """Keep only the STATE dataset of the newest snapshot, the bucket files it names and the
+        deltas of its epoch (the head)."""
+        from snapshot_assets.spark.state import StateBase
+
         if not self.state_root.exists():
             return
         for path in [*self.state_root.glob("epoch=*"), *self.state_root.glob("deltas/epoch=*")]:
             if path.name != f"epoch={m.epoch}":
                 shutil.rmtree(path, ignore_errors=True)
+        state = StateBase.load(self.state_root / f"epoch={m.epoch}")
+        if state is None:
+            return
+        kept = {Path(p).name for p in state.files()}
+        for path in (self.state_root / "buckets").glob("*.parquet"):
+            if path.name not in kept:
+                path.unlink(missing_ok=True)
 
     def _release_buffer(self, m: Manifest) -> int:
         """Ask the buffer to drop segments the archive no longer needs: those before the newest snapshot.

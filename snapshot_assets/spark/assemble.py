@@ -20,12 +20,13 @@ import logging
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from resources.destinations.base import Destination
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.manifest import FormatRef
-from snapshot_assets.spark.parts import BuiltArtifact, StagedFormat
+from snapshot_assets.spark.parts import BuiltArtifact, Reuse, StagedFormat
 
 log = logging.getLogger(__name__)
 
@@ -33,34 +34,79 @@ FOLDER_FORMATS = frozenset({"parquet"})
 _CHUNK = 1 << 20
 
 
-class ChainedReader(io.RawIOBase):
-    """A read-only stream over several files, one after another (each opened only when reached)."""
+class _Source:
+    """An object of the destination read forward once; consecutive ranges are served in order."""
 
-    def __init__(self, paths: Iterable[Path]) -> None:
+    def __init__(self, stream: BinaryIO, key: str) -> None:
+        self.stream, self.key, self.at = stream, key, 0
+
+    def seek_forward(self, start: int) -> None:
+        if start < self.at:
+            raise RuntimeError(f"ranges of {self.key} must be read in increasing order ({start} < {self.at})")
+        while self.at < start:
+            skipped = self.stream.read(min(_CHUNK, start - self.at))
+            if not skipped:
+                raise RuntimeError(f"{self.key} ends at {self.at}, before byte {start}")
+            self.at += len(skipped)
+
+
+class ChainedReader(io.RawIOBase):
+    """A read-only stream over an artifact's pieces, one after another: staged files (each opened
+    only when reached) and byte ranges of objects already in `dest` (each object read forward once)."""
+
+    def __init__(self, pieces: Iterable[Path | Reuse], dest: Destination | None = None) -> None:
         super().__init__()
-        self._paths = iter(paths)
-        self._current: io.BufferedReader | None = None
+        self._pieces = iter(pieces)
+        self._dest = dest
+        self._current: BinaryIO | None = None
+        self._left = -1  # bytes left in the current range (-1: a whole file)
+        self._sources: dict[str, _Source] = {}
 
     def readable(self) -> bool:
         return True
 
+    def _next(self) -> bool:
+        piece = next(self._pieces, None)
+        if piece is None:
+            return False
+        if isinstance(piece, Path):
+            self._current, self._left = open(piece, "rb"), -1  # noqa: SIM115 - closed when exhausted or on close()
+            return True
+        if self._dest is None:
+            raise RuntimeError(f"a reused range of {piece.source_key} needs the destination it is copied from")
+        source = self._sources.get(piece.source_key)
+        if source is None:
+            source = self._sources[piece.source_key] = _Source(self._dest.open_read(piece.source_key), piece.source_key)
+        source.seek_forward(piece.start)
+        self._current, self._left = source.stream, piece.length
+        return True
+
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         while True:
-            if self._current is None:
-                path = next(self._paths, None)
-                if path is None:
-                    return 0
-                self._current = open(path, "rb")  # noqa: SIM115 - closed when exhausted or on close()
-            n = self._current.readinto(buffer)
+            if self._current is None and not self._next():
+                return 0
+            assert self._current is not None
+            view = buffer if self._left < 0 else buffer[: self._left]
+            n = self._current.readinto(view) if view.nbytes else 0  # type: ignore[attr-defined]
             if n:
+                if self._left >= 0:
+                    self._left -= n
+                    source = next(s for s in self._sources.values() if s.stream is self._current)
+                    source.at += n
                 return int(n)
-            self._current.close()
+            if self._left > 0:
+                raise RuntimeError("a reused object ended before the range copied from it")
+            if self._left < 0:
+                self._current.close()
             self._current = None
 
     def close(self) -> None:
-        if self._current is not None:
+        if self._current is not None and self._left < 0:
             self._current.close()
-            self._current = None
+        self._current = None
+        for source in self._sources.values():
+            source.stream.close()
+        self._sources.clear()
         super().close()
 
 
@@ -72,7 +118,7 @@ def artifact_key(key_prefix: str, built: BuiltArtifact, epoch: int, extension: s
 
 
 def _put_concatenated(dest: Destination, key: str, staged: StagedFormat) -> tuple[str, int]:
-    with io.BufferedReader(ChainedReader(staged.parts), buffer_size=_CHUNK) as stream:
+    with io.BufferedReader(ChainedReader(staged.parts, dest), buffer_size=_CHUNK) as stream:
         result = dest.put(key, stream)
     if result.size != staged.bytes:
         raise RuntimeError(f"{dest.uri(key)}: wrote {result.size} bytes, the parts hold {staged.bytes}")
@@ -91,7 +137,7 @@ def empty_artifact(kind: str, format_id: str) -> bytes:
 
 def _put_folder(dest: Destination, key: str, kind: str, staged: StagedFormat) -> tuple[str, int]:
     ext = get_format(staged.format_id).extension
-    parts = [p for p in staged.parts if p.stat().st_size > 0]
+    parts = [p for p in staged.files() if p.stat().st_size > 0]
     written: set[str] = set()
     size = 0
     if not parts:

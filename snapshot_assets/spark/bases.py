@@ -44,8 +44,11 @@ from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.keys import typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
 from snapshot_assets.spark.effects import NET_DDL, STATE_DDL, encode_row, key_json
+from snapshot_assets.spark.state import StateBase
 
-STATE_MARKER = "_snapshotter_state.json"
+__all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
+           "StateBase", "choose_base", "latest_images", "write_delta"]
+
 DELTA_MARKER = "_snapshotter_delta.json"
 _STATE_ARROW = pa.schema([("key", pa.string()), ("row", pa.string())])
 
@@ -100,37 +103,6 @@ class EmptyBase:
 
 
 @dataclass(frozen=True, slots=True)
-class StateBase:
-    """The STATE dataset written by `write_state` (its marker records position and key fields)."""
-
-    path: str
-    position: str
-    rows: int
-    key_fields: tuple[str, ...]
-
-    @classmethod
-    def load(cls, path: Path | str) -> StateBase | None:
-        """The dataset at `path` if it is complete (its marker is written last), else None."""
-        try:
-            meta = json.loads((Path(path) / STATE_MARKER).read_text())
-            return cls(str(path), str(meta["position"]), int(meta["rows"]), tuple(meta["key_fields"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    @property
-    def snapshot_position(self) -> str:
-        return self.position
-
-    def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
-        if tuple(key_fields) != self.key_fields:
-            raise ValueError(f"state at {self.path} is keyed by {list(self.key_fields)}, not {list(key_fields)}")
-        return spark.read.schema(STATE_DDL).parquet(self.path)
-
-    def describe(self) -> str:
-        return f"state dataset {self.path} at {self.position} ({self.rows} rows)"
-
-
-@dataclass(frozen=True, slots=True)
 class DeltaSet:
     """One diff's step of the state: its net changes (NET_DDL; `new` null for a delete) on the
     table at `from_position`, giving the table at `to_position`; `truncated`: the diff's TRUNCATE
@@ -177,6 +149,15 @@ def write_delta(net: DataFrame, delta_dir: Path | str, from_position: str, to_po
     return DeltaSet(str(target), from_position, to_position, truncated)
 
 
+def latest_images(layers: Sequence[DataFrame]) -> DataFrame:
+    """(key, row) layers in order -> each key's row in the last layer that has the key (row null:
+    the key was deleted). Only the layers are grouped: they hold changed keys, not the table."""
+    steps = [layer.selectExpr("key", "row", f"{i} AS layer") for i, layer in enumerate(layers)]
+    stacked = functools.reduce(lambda a, b: a.unionByName(b), steps)
+    return stacked.selectExpr("key", "struct(layer, row) AS s").groupBy("key").agg({"s": "max"}) \
+        .selectExpr("key", "`max(s)`.row AS row")
+
+
 @dataclass(frozen=True, slots=True)
 class LayeredBase:
     """A snapshot's STATE dataset plus the deltas of the diffs after it, in chain order."""
@@ -192,6 +173,11 @@ class LayeredBase:
     def snapshot_position(self) -> str:
         return self.state.position
 
+    @property
+    def truncated(self) -> bool:
+        """Whether a diff after the snapshot wiped the table (its TRUNCATE)."""
+        return any(d.truncated for d in self.deltas)
+
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
         """The state's rows where no delta touched the key, plus each touched key's latest image.
 
@@ -201,11 +187,7 @@ class LayeredBase:
         if not self.deltas:
             return self.state.frame(spark, key_fields)
         cut = max((i for i, d in enumerate(self.deltas) if d.truncated), default=-1)
-        layers = self.deltas[max(cut, 0):]
-        steps = [d.frame(spark).selectExpr("key", "new AS row", f"{i} AS layer") for i, d in enumerate(layers)]
-        stacked = functools.reduce(lambda a, b: a.unionByName(b), steps)
-        latest = stacked.groupBy("key").agg({"layer": "max"}).withColumnRenamed("max(layer)", "layer")
-        latest = stacked.join(latest, ["key", "layer"], "left_semi").select("key", "row")
+        latest = latest_images([d.frame(spark).selectExpr("key", "new AS row") for d in self.deltas[max(cut, 0):]])
         start = self.state.frame(spark, key_fields) if cut < 0 else spark.createDataFrame([], STATE_DDL)
         return start.join(latest.select("key"), "key", "left_anti").unionByName(latest.filter("row IS NOT NULL"))
 
@@ -337,20 +319,3 @@ def choose_base(buffer: BufferView, to_position: str, *, state: StateBase | Laye
     if cmp(start, to_position) > 0:
         raise ValueError(f"the base ({base.describe()}) is after the snapshot position {to_position}")
     return base, (buffer.segments(start, to_position) if cmp(start, to_position) < 0 else [])
-
-
-# --- writing the state dataset --------------------------------------------------------------------
-
-
-def write_state(state: DataFrame, state_dir: Path | str, position: str, key_fields: Sequence[str]) -> StateBase:
-    """Write the STATE dataset to `state_dir` (replacing it) and return it as the next run's base.
-
-    The row count is an aggregate over the written files (the table is never collected); it goes
-    into the marker, which is written last.
-    """
-    target = Path(state_dir)
-    _publish(state, target)
-    rows = int(state.sparkSession.read.schema(STATE_DDL).parquet(str(target)).count())
-    marker = {"position": position, "rows": rows, "key_fields": list(key_fields), "version": 1}
-    (target / STATE_MARKER).write_text(json.dumps(marker))
-    return StateBase(str(target), position, rows, tuple(key_fields))

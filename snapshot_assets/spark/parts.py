@@ -180,12 +180,27 @@ def encode_diff_parts(net: DataFrame, staging_dir: Path | str, formats: Sequence
 
 
 @dataclass(frozen=True, slots=True)
+class Reuse:
+    """A byte range of an object already in every destination (the previous snapshot), to be copied
+    into the new object where it stands: the bytes of the state's untouched buckets."""
+
+    source_key: str
+    start: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
 class StagedFormat:
-    """One format of a built artifact: its parts in artifact order, and their total size."""
+    """One format of a built artifact: its pieces in artifact order (staged files, or ranges of an
+    existing object), and their total size."""
 
     format_id: str
-    parts: tuple[Path, ...]
+    parts: tuple[Path | Reuse, ...]
     bytes: int
+
+    def files(self) -> tuple[Path, ...]:
+        """The staged files (a folder format's parts); an artifact of reused ranges has others too."""
+        return tuple(p for p in self.parts if isinstance(p, Path))
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,6 +274,15 @@ def _image(message: DiffChange, name: str) -> Row | None:
 # --- the format --------------------------------------------------------------------------------
 
 
+def snapshot_record(row: Row, key_fields: Sequence[str]) -> bytes:
+    """One row's record in a protobuf snapshot: the delimited SnapshotRow, exactly what the writer
+    appends (the Spark state keeps it so a snapshot concatenates records instead of re-encoding)."""
+    message = SnapshotRow()
+    fill_row(message.row, row, lambda: row_key(row, key_fields))
+    data = message.SerializeToString(deterministic=True)
+    return _varint(len(data)) + data
+
+
 class ProtobufSnapshotWriter:
     """Writes one delimited SnapshotRow per row as it arrives."""
 
@@ -282,9 +291,7 @@ class ProtobufSnapshotWriter:
         self._key_fields = tuple(key_fields)
 
     def write(self, row: Row) -> None:
-        message = SnapshotRow()
-        fill_row(message.row, row, lambda: row_key(row, self._key_fields))
-        _write_message(self._out, message)
+        self._out.write(snapshot_record(row, self._key_fields))
 
     def close(self) -> None:
         self._out.flush()

@@ -1,0 +1,340 @@
+"""The table state between builds: typed-key ranges ("buckets") of rows, each row kept with its bytes.
+
+Layout (one STATE dataset per epoch, `<state_root>/epoch=N/`, plus a pool of bucket files shared by
+the epochs, `<state_root>/buckets/`):
+
+  buckets/<token>-<bucket>.parquet   ROWS_DDL: key (canonical key JSON), sk (`sortkey`), row (the
+                                     row's Go-JSON text: its jsonl snapshot line without the newline),
+                                     pb (its length-delimited protobuf SnapshotRow, null when the
+                                     archive has no protobuf format), sorted by sk.
+  epoch=N/_snapshotter_state.json    the marker, written last: position, key fields, formats, and the
+                                     ordered bucket list (lower bound, file, rows, bytes per format).
+
+Why: a row is encoded once, when it enters the archive (initial load, re-sync, or a diff's new
+image: `encode_rows`, Python per new row only). A snapshot is then the concatenation, bucket by
+bucket in key order, of stored bytes (`concatenated`: Arrow buffers, no per-row Python), and a
+re-base rewrites only the buckets its changes fall in: the others keep their file, and their bytes
+in the new snapshot object are copied from the previous snapshot object (`SnapshotPieces`), so a
+re-base costs what changed.
+
+Bucket bounds are fixed when a full build writes the state (sampled quantiles of sk, about
+`TARGET_BUCKET_BYTES` of jsonl per bucket) and kept by the incremental builds after it; a bucket that
+grows past `MAX_GROWTH` times the target makes the next build a full one, which re-balances.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import json
+import math
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+
+from snapshot_assets.archive.errors import EncodeError
+from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
+from snapshot_assets.archive.formats.protobuf import snapshot_record
+from snapshot_assets.archive.keys import row_key
+from snapshot_assets.spark.effects import decode_row
+from snapshot_assets.spark.sortkey import sort_key_of
+
+STATE_MARKER = "_snapshotter_state.json"
+STATE_VERSION = 2
+ROWS_DDL = "key STRING, sk BINARY, row STRING, pb BINARY"
+ENCODED_DDL = "bucket INT, key STRING, sk BINARY, row STRING, pb BINARY"
+#: Formats whose artifact is the concatenation of per-row records (no header, no footer).
+BYTE_FORMATS = ("jsonl", "protobuf")
+TARGET_BUCKET_BYTES = 32 * 1024 * 1024
+MAX_GROWTH = 4
+SAMPLES_PER_BUCKET = 32
+
+_ROWS_ARROW = pa.schema([("key", pa.string()), ("sk", pa.binary()), ("row", pa.string()), ("pb", pa.binary())])
+REPORT_DDL = "bucket INT, lower BINARY, rows BIGINT, path STRING, format STRING, blob STRING, bytes BIGINT"
+_REPORT_ARROW = pa.schema([("bucket", pa.int32()), ("lower", pa.binary()), ("rows", pa.int64()),
+                           ("path", pa.string()), ("format", pa.string()), ("blob", pa.string()),
+                           ("bytes", pa.int64())])
+
+
+# --- encoding rows as they enter -----------------------------------------------------------------
+
+
+def _encode_batches(batches: Iterable[Any], key_fields: tuple[str, ...], protobuf: bool) -> Iterator[Any]:
+    for batch in batches:
+        keys = batch.column("key").to_pylist()
+        texts = batch.column("row").to_pylist()
+        sks: list[bytes] = []
+        pbs: list[bytes | None] = []
+        for key, text in zip(keys, texts, strict=True):
+            sks.append(sort_key_of(key))
+            row = decode_row(text) if text is not None else None
+            if row is not None and len(text.encode("utf-8")) + 1 > MAX_LINE_BYTES:
+                raise EncodeError(f"encoded line is over {MAX_LINE_BYTES} bytes (16 MiB), laredo's jsonl limit",
+                                  row_key=row_key(row, key_fields))
+            pbs.append(snapshot_record(row, key_fields) if protobuf and row is not None else None)
+        yield pa.RecordBatch.from_arrays([pa.array(keys, pa.string()), pa.array(sks, pa.binary()),
+                                          pa.array(texts, pa.string()), pa.array(pbs, pa.binary())],
+                                         schema=_ROWS_ARROW)
+
+
+def encode_rows(frame: DataFrame, key_fields: Sequence[str], formats: Sequence[str]) -> DataFrame:
+    """(key, row) -> ROWS_DDL: the sort key and the protobuf record of each row (null `row`: a key
+    that is deleted keeps only its sort key). The one place rows are encoded for the state."""
+    func = functools.partial(_encode_batches, key_fields=tuple(key_fields), protobuf="protobuf" in formats)
+    return frame.select("key", "row").mapInArrow(func, ROWS_DDL)
+
+
+def _sample_batches(batches: Iterable[Any]) -> Iterator[Any]:
+    for batch in batches:
+        sks = [sort_key_of(k) for k in batch.column("key").to_pylist()]
+        yield pa.RecordBatch.from_arrays([pa.array(sks, pa.binary())], names=["sk"])
+
+
+def sample_bounds(frame: DataFrame, buckets: int, rows: int) -> list[bytes]:
+    """`buckets - 1` lower bounds (bucket 0 has none) from a sample of the keys' sort keys."""
+    if buckets <= 1 or rows == 0:
+        return []
+    fraction = min(1.0, SAMPLES_PER_BUCKET * buckets / rows)
+    sample = frame.select("key").sample(fraction=fraction, seed=7).mapInArrow(_sample_batches, "sk BINARY")
+    sks = sorted(bytes(r["sk"]) for r in sample.collect())
+    bounds = sorted({sks[min(len(sks) - 1, (i * len(sks)) // buckets)] for i in range(1, buckets)} if sks else set())
+    return bounds
+
+
+def bucket_expr(bounds: Sequence[bytes]) -> str:
+    """The SQL that puts a sort key `sk` into its bucket: the one definition of bucket membership."""
+    if not bounds:
+        return "0"
+    arms = " ".join(f"WHEN sk >= X'{b.hex()}' THEN {i + 1}" for i, b in reversed(list(enumerate(bounds))))
+    return f"CASE {arms} ELSE 0 END"
+
+
+def bucket_of(bounds: Sequence[bytes], sk: bytes) -> int:
+    """The same rule in Python (tests and the driver's checks)."""
+    return bisect.bisect_right(list(bounds), sk)
+
+
+# --- concatenating stored bytes ----------------------------------------------------------------------
+
+
+def concatenated(array: Any) -> memoryview:
+    """The values of a binary/string Arrow array back to back, straight from its data buffer."""
+    if array.null_count:
+        raise ValueError("cannot concatenate an array with nulls")
+    if len(array) == 0:
+        return memoryview(b"")
+    large = pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type)
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int64 if large else np.int32)
+    start, end = int(offsets[array.offset]), int(offsets[array.offset + len(array)])
+    return memoryview(array.buffers()[2])[start:end]
+
+
+def _lines(rows: Any) -> Any:
+    """The jsonl records of a rows slice: each stored text and a newline, as one Arrow array."""
+    import pyarrow.compute as pc
+
+    return pc.binary_join_element_wise(rows.column("row"), pa.scalar("\n"), pa.scalar(""))
+
+
+# --- writing buckets --------------------------------------------------------------------------------
+
+
+class _BucketOut:
+    """One bucket being written by a task: its rows file and one blob per byte format."""
+
+    def __init__(self, bucket: int, lower: bytes, pool: Path, staging: Path, token: str,
+                 formats: tuple[str, ...]) -> None:
+        self.bucket, self.lower, self.rows = bucket, lower, 0
+        self.path = pool / f"{token}-{bucket:05d}.parquet"
+        self._tmp = self.path.with_name(f".{self.path.name}.tmp")
+        self._writer = pq.ParquetWriter(self._tmp, _ROWS_ARROW, compression="zstd")
+        self._blobs: dict[str, tuple[Path, Any]] = {}
+        for fid in formats:
+            blob = staging / fid / f"bucket-{bucket:05d}"
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            self._blobs[fid] = (blob, open(blob, "wb"))  # noqa: SIM115 - closed in close()
+
+    def write(self, rows: Any) -> None:
+        self._writer.write_batch(rows)
+        self.rows += rows.num_rows
+        for fid, (_path, out) in self._blobs.items():
+            out.write(concatenated(_lines(rows) if fid == "jsonl" else rows.column("pb")))
+
+    def close(self) -> list[tuple[int, bytes, int, str, str, str, int]]:
+        self._writer.close()
+        self._tmp.replace(self.path)
+        reports = [(self.bucket, self.lower, self.rows, str(self.path), "", "", 0)]
+        for fid, (path, out) in self._blobs.items():
+            out.close()
+            reports.append((self.bucket, self.lower, self.rows, str(self.path), fid, str(path), path.stat().st_size))
+        return reports
+
+
+def _bucket_task(batches: Iterable[Any], pool: str, staging: str, token: str,
+                 formats: tuple[str, ...]) -> Iterator[Any]:
+    """Rows sorted by (bucket, sk) -> one rows file and one blob per format for each bucket seen."""
+    reports: list[tuple[int, bytes, int, str, str, str, int]] = []
+    current: _BucketOut | None = None
+    for batch in batches:
+        buckets = batch.column("bucket").to_numpy(zero_copy_only=False)
+        starts = [0, *(np.flatnonzero(np.diff(buckets)) + 1).tolist(), len(buckets)]
+        rows = pa.RecordBatch.from_arrays([batch.column(n) for n in _ROWS_ARROW.names], schema=_ROWS_ARROW)
+        for lo, hi in itertools.pairwise(starts):
+            if lo == hi:
+                continue
+            bucket = int(buckets[lo])
+            if current is None or current.bucket != bucket:
+                if current is not None:
+                    reports.extend(current.close())
+                current = _BucketOut(bucket, rows.column("sk")[lo].as_py(), Path(pool), Path(staging), token,
+                                     formats)
+            current.write(rows.slice(lo, hi - lo))
+    if current is not None:
+        reports.extend(current.close())
+    columns = list(zip(*reports, strict=True)) if reports else [()] * len(_REPORT_ARROW)
+    yield pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, _REPORT_ARROW, strict=True)],
+                                     schema=_REPORT_ARROW)
+
+
+def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: int, pool: Path, staging: Path,
+                  formats: Sequence[str]) -> list[Any]:
+    """Write the buckets present in `encoded` (ROWS_DDL rows): each bucket's rows sorted by sk into
+    one new rows file of the pool, and its bytes in each byte format into a staged blob. Returns the
+    tasks' reports (REPORT_DDL)."""
+    pool.mkdir(parents=True, exist_ok=True)
+    byte_formats = tuple(f for f in formats if f in BYTE_FORMATS)
+    func = functools.partial(_bucket_task, pool=str(pool), staging=str(staging), token=uuid.uuid4().hex[:12],
+                             formats=byte_formats)
+    frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb")
+    frame = frame.repartition(max(1, touched), "bucket").sortWithinPartitions("bucket", "sk")
+    return list(frame.mapInArrow(func, REPORT_DDL).collect())
+
+
+# --- the state and its marker ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """One key range of the state: its lower bound (None for the first), rows file and byte sizes."""
+
+    lower: bytes | None
+    path: str | None
+    rows: int
+    sizes: Mapping[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lower": None if self.lower is None else self.lower.hex(), "path": self.path, "rows": self.rows,
+                "sizes": dict(self.sizes)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Bucket:
+        lower = data["lower"]
+        return cls(None if lower is None else bytes.fromhex(lower), data["path"], int(data["rows"]),
+                   {str(k): int(v) for k, v in data["sizes"].items()})
+
+
+@dataclass(frozen=True, slots=True)
+class StateBase:
+    """A STATE dataset: the table at `position` as ordered buckets (see the module docstring)."""
+
+    path: str
+    position: str
+    rows: int
+    key_fields: tuple[str, ...]
+    buckets: tuple[Bucket, ...] = ()
+    formats: tuple[str, ...] = ()
+
+    @classmethod
+    def load(cls, path: Path | str) -> StateBase | None:
+        """The dataset at `path` if it is complete (its marker is written last) and of this version."""
+        try:
+            meta = json.loads((Path(path) / STATE_MARKER).read_text())
+            if meta.get("version") != STATE_VERSION:
+                return None
+            return cls(str(path), str(meta["position"]), int(meta["rows"]), tuple(meta["key_fields"]),
+                       tuple(Bucket.from_json(b) for b in meta["buckets"]), tuple(meta["formats"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save(self) -> StateBase:
+        target = Path(self.path)
+        target.mkdir(parents=True, exist_ok=True)
+        marker = {"position": self.position, "rows": self.rows, "key_fields": list(self.key_fields),
+                  "formats": list(self.formats), "buckets": [b.to_json() for b in self.buckets],
+                  "version": STATE_VERSION}
+        tmp = target / f".{STATE_MARKER}.tmp"
+        tmp.write_text(json.dumps(marker))
+        tmp.replace(target / STATE_MARKER)
+        return self
+
+    @property
+    def snapshot_position(self) -> str:
+        return self.position
+
+    @property
+    def bounds(self) -> list[bytes]:
+        return [b.lower for b in self.buckets if b.lower is not None]
+
+    def files(self) -> list[str]:
+        return [b.path for b in self.buckets if b.path is not None]
+
+    def rows_frame(self, spark: SparkSession, buckets: Iterable[int] | None = None) -> DataFrame:
+        """The stored rows (ROWS_DDL) of all buckets or of the given ones."""
+        chosen = self.buckets if buckets is None else [self.buckets[i] for i in buckets]
+        paths = [b.path for b in chosen if b.path is not None]
+        if not paths:
+            return spark.createDataFrame([], ROWS_DDL)
+        return spark.read.schema(ROWS_DDL).parquet(*paths)
+
+    def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
+        """The rows as STATE_DDL (key, row)."""
+        if tuple(key_fields) != self.key_fields:
+            raise ValueError(f"state at {self.path} is keyed by {list(self.key_fields)}, not {list(key_fields)}")
+        return self.rows_frame(spark).select("key", "row")
+
+    def describe(self) -> str:
+        return f"state dataset {self.path} at {self.position} ({self.rows} rows, {len(self.buckets)} buckets)"
+
+    def offsets(self, format_id: str) -> list[int]:
+        """Where each bucket's bytes start in the snapshot object built from this state."""
+        starts, at = [], 0
+        for b in self.buckets:
+            starts.append(at)
+            at += b.sizes.get(format_id, 0)
+        return starts
+
+
+def bucket_count(rows: int, jsonl_bytes: int, bucket_bytes: int = TARGET_BUCKET_BYTES) -> int:
+    return max(1, math.ceil(jsonl_bytes / bucket_bytes)) if rows else 1
+
+
+def buckets_from_reports(reports: Iterable[Any], bounds: Sequence[bytes],
+                         previous: Sequence[Bucket] = ()) -> tuple[Bucket, ...]:
+    """The new bucket list: `previous` (same bounds) with the reported buckets replaced; a previous
+    bucket that the build rewrote but that reports nothing became empty."""
+    lowers: list[bytes | None] = [None, *bounds]
+    out = list(previous) if previous else [Bucket(lower, None, 0) for lower in lowers]
+    written: dict[int, dict[str, Any]] = {}
+    for r in reports:
+        entry = written.setdefault(int(r["bucket"]), {"path": r["path"], "rows": int(r["rows"]), "sizes": {}})
+        if r["format"]:
+            entry["sizes"][r["format"]] = int(r["bytes"])
+    for i, entry in written.items():
+        out[i] = Bucket(lowers[i], entry["path"], entry["rows"], entry["sizes"])
+    return tuple(out)
+
+
+def emptied(buckets: Sequence[Bucket], indexes: Iterable[int], formats: Sequence[str]) -> tuple[Bucket, ...]:
+    """`buckets` with the given ones emptied (rewritten, nothing left in them)."""
+    out = list(buckets)
+    for i in indexes:
+        out[i] = replace(out[i], path=None, rows=0, sizes={f: 0 for f in formats if f in BYTE_FORMATS})
+    return tuple(out)

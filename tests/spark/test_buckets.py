@@ -1,0 +1,159 @@
+"""The bucketed state: rows encoded once, snapshots as stored bytes, re-bases that rewrite only the
+buckets their changes fall in and copy the rest from the previous snapshot object."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from resources.buffer import BufferReader, ChangeBuffer
+from resources.destinations.local import LocalDestination
+from resources.subscribers.events import (
+    ChangeEvent,
+    Column,
+    ResyncBegin,
+    ResyncEnd,
+    SchemaEvent,
+    SnapshotRow,
+    TableSchema,
+    TxEnd,
+)
+from snapshot_assets.archive.changes import Action
+from snapshot_assets.archive.formats import FORMATS
+from snapshot_assets.archive.positions import format_lsn
+from snapshot_assets.spark.assemble import assemble
+from snapshot_assets.spark.bases import BufferSnapshotBase, LayeredBase
+from snapshot_assets.spark.parts import Reuse
+from snapshot_assets.spark.snapshot import build_snapshot
+from snapshot_assets.spark.sortkey import sort_key
+from snapshot_assets.spark.state import StateBase, bucket_of
+from tests.spark.conftest import python_bytes
+
+TABLE = "public.events"
+KEYS = ("id",)
+BYTE_FORMATS = ("jsonl", "protobuf")
+BIG = 2**60  # snowflake-like ids, beyond 2^53
+
+
+# --- the sort key --------------------------------------------------------------------------------
+
+scalars = st.one_of(st.integers(), st.text(max_size=6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=-(2**80), max_value=2**80), min_size=2, max_size=2),
+       st.lists(st.text(max_size=5), min_size=2, max_size=2))
+def test_sort_key_keeps_the_order_of_integers_and_strings(ints: list[int], texts: list[str]) -> None:
+    a, b = ints
+    assert (sort_key([a]) < sort_key([b])) == (a < b)
+    s, t = texts
+    assert (sort_key([s]) < sort_key([t])) == (s.encode("utf-8", "surrogatepass") < t.encode("utf-8", "surrogatepass"))
+    # composite keys order by their first field, then the next (a string prefix sorts first)
+    assert (sort_key([s, a]) < sort_key([t, b])) == ((s.encode("utf-8", "surrogatepass"), a) <
+                                                    (t.encode("utf-8", "surrogatepass"), b))
+
+
+# --- re-bases ----------------------------------------------------------------------------------------
+
+
+def row(i: int, version: int = 0) -> dict[str, Any]:
+    return {"id": BIG + i, "name": f"user {i}", "note": "x" * (40 + i % 17), "version": version}
+
+
+def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]]) -> tuple[BufferReader, list[str]]:
+    """A buffer: an initial load of `initial` rows, then one transaction per wave of (action, i)."""
+    lsn = 0x1000
+    positions = []
+    with ChangeBuffer(root, TABLE, seal_interval=3600.0, seal_changes=10_000) as buffer:
+        columns = (Column("id", "int8", False, True, 1, 1), Column("name", "text", ordinal=2),
+                   Column("note", "text", ordinal=3), Column("version", "int4", ordinal=4))
+        buffer.append(SchemaEvent(TableSchema(TABLE, columns)))
+        buffer.append(ResyncBegin("initial load"))
+        for i in range(initial):
+            buffer.append(SnapshotRow(row(i)))
+        buffer.append(ResyncEnd(format_lsn(lsn), initial))
+        positions.append(format_lsn(lsn))
+        for w, wave in enumerate(waves, start=1):
+            for action, i in wave:
+                lsn += 0x40
+                old = row(i) if action is not Action.INSERT else None
+                new = row(i, w) if action is not Action.DELETE else None
+                buffer.append(ChangeEvent(format_lsn(lsn), action, old, new))
+            lsn += 0x40
+            buffer.append(TxEnd(format_lsn(lsn)))
+            positions.append(format_lsn(lsn))
+        buffer.seal()
+    return BufferReader(root, TABLE), positions
+
+
+def expected_bytes(format_id: str, rows: dict[int, dict[str, Any]]) -> bytes:
+    """What the single-process writer produces for the table, rows in sort-key order."""
+    ordered = sorted(rows.values(), key=lambda r: sort_key([r["id"]]))
+    return python_bytes(format_id, "snapshot", ordered)
+
+
+def test_a_rebase_of_recent_rows_rewrites_only_their_buckets_and_copies_the_rest(spark: Any, tmp_path: Path) -> None:
+    initial = 3000
+    recent = [(Action.UPDATE, i) for i in range(initial - 40, initial)] + \
+             [(Action.INSERT, i) for i in range(initial, initial + 30)] + [(Action.DELETE, initial - 50)]
+    reader, positions = buffer_with(tmp_path / "buffer", initial, [recent])
+    dest = LocalDestination(tmp_path / "archive")
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
+                           BYTE_FORMATS, tmp_path / "staging1", tmp_path / "state" / "epoch=1",
+                           bucket_bytes=16 * 1024)
+    state: StateBase = first.details["state"]
+    assert first.details["mode"] == "full" and len(state.buckets) >= 10
+    refs = assemble(first, [dest], "t", 1)
+    table = {i: row(i) for i in range(initial)}
+    for fid in BYTE_FORMATS:
+        assert dest.get(refs[fid].uri.rsplit("/archive/", 1)[1]) is not None
+    previous_keys = {fid: refs[fid].uri.split("/archive/", 1)[1] for fid in BYTE_FORMATS}
+    for fid, key in previous_keys.items():
+        got = dest.get(key)
+        assert got is not None and got.data == expected_bytes(fid, table), fid
+
+    second = build_snapshot(spark, LayeredBase(state, ()), reader.segments(positions[0], positions[1]),
+                            positions[1], KEYS, BYTE_FORMATS, tmp_path / "staging2", tmp_path / "state" / "epoch=2",
+                            previous_keys=previous_keys, bucket_bytes=16 * 1024)
+    assert second.details["mode"] == "incremental"
+    touched = {bucket_of(state.bounds, sort_key([BIG + i])) for _, i in recent}
+    assert second.details["rewritten"] == len(touched) <= 2 < len(state.buckets)
+    for fid in BYTE_FORMATS:  # the untouched buckets are ranges of the previous object, not bytes of this run
+        assert any(isinstance(p, Reuse) for p in second.formats[fid].parts)
+    refs2 = assemble(second, [dest], "t", 2)
+    for _, i in recent:
+        table.pop(i, None)
+    table.update({i: row(i, 1) for action, i in recent if action is not Action.DELETE})
+    for fid in BYTE_FORMATS:
+        got = dest.get(refs2[fid].uri.split("/archive/", 1)[1])
+        assert got is not None and got.data == expected_bytes(fid, table), fid
+    rebuilt = {r["id"] - BIG: r for r in FORMATS["jsonl"].read_snapshot(io.BytesIO(expected_bytes("jsonl", table)))}
+    assert rebuilt == table
+
+
+def test_uniform_churn_rewrites_every_bucket_and_gives_the_same_bytes_as_a_full_build(spark: Any,
+                                                                                      tmp_path: Path) -> None:
+    initial = 2000
+    wave = [(Action.UPDATE, i) for i in range(0, initial, 7)] + [(Action.DELETE, i) for i in range(3, initial, 101)]
+    reader, positions = buffer_with(tmp_path / "buffer", initial, [wave])
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
+                           BYTE_FORMATS, tmp_path / "s1", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
+    segments = reader.segments(positions[0], positions[1])
+    incremental = build_snapshot(spark, first.details["state"], segments, positions[1], KEYS, BYTE_FORMATS,
+                                 tmp_path / "s2", tmp_path / "state" / "epoch=2", bucket_bytes=16 * 1024)
+    full = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), segments, positions[1], KEYS,
+                          BYTE_FORMATS, tmp_path / "s3", tmp_path / "other" / "epoch=2", bucket_bytes=64 * 1024)
+    assert incremental.details["mode"] == "incremental" and full.details["mode"] == "full"
+    assert incremental.details["rewritten"] == len(first.details["state"].buckets)
+    for fid in BYTE_FORMATS:
+        a = b"".join(p.read_bytes() for p in incremental.formats[fid].files())
+        b = b"".join(p.read_bytes() for p in full.formats[fid].files())
+        assert a == b and len(a) == incremental.formats[fid].bytes
