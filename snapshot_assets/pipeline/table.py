@@ -175,7 +175,8 @@ class TablePipeline:
                 base = FrameBase(table, m.head_position, base.describe())
             built = build_diff(spark, reader.segments(m.head_position, nxt.to_position), base, nxt.to_position,
                                key_fields, self.cfg.diff_formats, self.staging,
-                               self._delta_dir(epoch, m.head_position, nxt.to_position))
+                               self._delta_dir(epoch, m.head_position, nxt.to_position),
+                               state_formats=self.cfg.snapshot_formats)
         else:
             epoch = m.epoch + 1
             base, segments = choose_base(reader, nxt.to_position, state=state, artifact=artifact, cmp=self.cmp)

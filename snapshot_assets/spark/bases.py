@@ -44,7 +44,7 @@ from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.keys import typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
 from snapshot_assets.spark.effects import NET_DDL, STATE_DDL, encode_row, key_json
-from snapshot_assets.spark.state import StateBase
+from snapshot_assets.spark.state import StateBase, encode_net
 
 __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
            "StateBase", "choose_base", "latest_images", "write_delta"]
@@ -112,18 +112,27 @@ class DeltaSet:
     from_position: str
     to_position: str
     truncated: bool
+    encoded: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, path: Path | str) -> DeltaSet | None:
         """The delta at `path` if it is complete (its marker is written last), else None."""
         try:
             meta = json.loads((Path(path) / DELTA_MARKER).read_text())
-            return cls(str(path), str(meta["from_position"]), str(meta["to_position"]), bool(meta["truncated"]))
+            return cls(str(path), str(meta["from_position"]), str(meta["to_position"]), bool(meta["truncated"]),
+                       tuple(meta.get("encoded", ())))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def frame(self, spark: SparkSession) -> DataFrame:
         return spark.read.schema(NET_DDL).parquet(self.path)
+
+    def rows(self, spark: SparkSession, formats: Sequence[str]) -> DataFrame | None:
+        """The new images as state rows (ROWS_DDL; row null: deleted), encoded when the diff wrote
+        them; None when the diff did not encode for all of `formats`."""
+        if not self.encoded or ("protobuf" in formats and "protobuf" not in self.encoded):
+            return None
+        return spark.read.parquet(self.path).selectExpr("key", "sk", "new AS row", "pb")
 
 
 def _publish(frame: DataFrame, target: Path) -> None:
@@ -139,23 +148,27 @@ def _publish(frame: DataFrame, target: Path) -> None:
 
 
 def write_delta(net: DataFrame, delta_dir: Path | str, from_position: str, to_position: str, truncated: bool,
-                key_fields: Sequence[str]) -> DeltaSet:
-    """Write a diff's net changes as the state's step from `from_position` to `to_position`."""
+                key_fields: Sequence[str], formats: Sequence[str] = ()) -> DeltaSet:
+    """Write a diff's net changes as the state's step from `from_position` to `to_position`, with
+    their new images encoded for the state's `formats` (`state.encode_net`) when any are given."""
     target = Path(delta_dir)
-    _publish(net, target)
+    encoded = tuple(formats)
+    _publish(encode_net(net, key_fields, encoded) if encoded else net, target)
     marker = {"from_position": from_position, "to_position": to_position, "truncated": truncated,
-              "key_fields": list(key_fields), "version": 1}
+              "key_fields": list(key_fields), "encoded": list(encoded), "version": 1}
     (target / DELTA_MARKER).write_text(json.dumps(marker))
-    return DeltaSet(str(target), from_position, to_position, truncated)
+    return DeltaSet(str(target), from_position, to_position, truncated, encoded)
 
 
-def latest_images(layers: Sequence[DataFrame]) -> DataFrame:
-    """(key, row) layers in order -> each key's row in the last layer that has the key (row null:
-    the key was deleted). Only the layers are grouped: they hold changed keys, not the table."""
-    steps = [layer.selectExpr("key", "row", f"{i} AS layer") for i, layer in enumerate(layers)]
+def latest_images(layers: Sequence[DataFrame], ddl: str = STATE_DDL) -> DataFrame:
+    """Layers of `ddl` rows (key first; STATE_DDL or the state's ROWS_DDL), in order -> each key's
+    row in the last layer that has the key (row null: the key was deleted). Only the layers are
+    grouped: they hold changed keys, not the table."""
+    columns = [c.split()[0] for c in ddl.split(",")]
+    rest = ", ".join(columns[1:])
+    steps = [layer.selectExpr("key", f"struct({i} AS layer, {rest}) AS s") for i, layer in enumerate(layers)]
     stacked = functools.reduce(lambda a, b: a.unionByName(b), steps)
-    return stacked.selectExpr("key", "struct(layer, row) AS s").groupBy("key").agg({"s": "max"}) \
-        .selectExpr("key", "`max(s)`.row AS row")
+    return stacked.groupBy("key").agg({"s": "max"}).selectExpr("key", *(f"`max(s)`.{c} AS {c}" for c in columns[1:]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,13 +44,15 @@ TRUNCATE_PART = 0  # the driver's part; task parts are numbered from 1
 
 def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_position: str,
                key_fields: Sequence[str], formats: Sequence[str], staging_dir: Path | str, delta_dir: Path | str, *,
-               partitions: int | None = None) -> BuiltArtifact:
+               partitions: int | None = None, state_formats: Sequence[str] = ()) -> BuiltArtifact:
     """Collapse the buffer changes of `segments` (the window (base.position, to]) and stage every diff format.
 
     `base` is the table at the diff's `from` (the images the window's changes omit come from it);
     the net changes are written to `delta_dir` (the state's step to `to_position`, see
     `bases.DeltaSet`) and the parts are encoded from there. `details["delta"]` is that DeltaSet.
-    `partitions` is the shuffle width (default `spark.sql.shuffle.partitions`).
+    `partitions` is the shuffle width (default `spark.sql.shuffle.partitions`); `state_formats` are the
+    snapshot formats the delta's new images are encoded for (`state.encode_net`), so the next
+    snapshot merges their bytes instead of encoding them.
     """
     from_position = base.position
     if not from_position or not to_position or from_position == to_position:
@@ -62,7 +64,7 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     staging = prepare_staging(staging_dir, fmts)
     width = partitions or default_partitions(spark)
     window = net_window(spark, segments, base, fields, partitions=width, scratch=staging / "_work")
-    delta = write_delta(window.net, delta_dir, from_position, to_position, window.truncated, fields)
+    delta = write_delta(window.net, delta_dir, from_position, to_position, window.truncated, fields, state_formats)
     reports = encode_diff_parts(delta.frame(spark), staging, fmts, fields, first_part=TRUNCATE_PART + 1)
     if window.truncated:
         sink = PartSink(staging, fmts, TRUNCATE_PART, "diff", fields)

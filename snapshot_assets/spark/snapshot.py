@@ -101,15 +101,15 @@ def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], format
 def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | None, fields: tuple[str, ...],
                  formats: Sequence[str], pool: Path, staging: Path, state_dir: Path, position: str) -> StateBuild:
     state = layered.state
-    layers = [d.frame(spark).selectExpr("key", "new AS row") for d in layered.deltas]
+    layers = [d.rows(spark, formats) or encode_rows(d.frame(spark).selectExpr("key", "new AS row"), fields, formats)
+              for d in layered.deltas]
     if window is not None:
-        layers.append(window.selectExpr("key", "new AS row"))
+        layers.append(encode_rows(window.selectExpr("key", "new AS row"), fields, formats))
     bounds = state.bounds
     if not layers:
         return StateBuild(StateBase(str(state_dir), position, state.rows, fields, state.buckets, state.formats),
                           frozenset(), {}, "incremental")
-    changed = materialize(encode_rows(latest_images(layers), fields, formats), staging / "_work" / "changed",
-                          ROWS_DDL)
+    changed = materialize(latest_images(layers, ROWS_DDL), staging / "_work" / "changed", ROWS_DDL)
     touched = sorted(int(r["b"]) for r in changed.selectExpr(f"{bucket_expr(bounds)} AS b").distinct().collect())
     old = state.rows_frame(spark, touched)
     merged = old.join(changed.select("key"), "key", "left_anti").unionByName(changed.filter("row IS NOT NULL"))

@@ -44,7 +44,7 @@ from snapshot_assets.archive.errors import EncodeError
 from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
 from snapshot_assets.archive.formats.protobuf import snapshot_record
 from snapshot_assets.archive.keys import row_key
-from snapshot_assets.spark.effects import decode_row
+from snapshot_assets.spark.effects import NET_DDL, decode_row
 from snapshot_assets.spark.sortkey import sort_key_of
 
 STATE_MARKER = "_snapshotter_state.json"
@@ -67,29 +67,46 @@ _REPORT_ARROW = pa.schema([("bucket", pa.int32()), ("lower", pa.binary()), ("row
 # --- encoding rows as they enter -----------------------------------------------------------------
 
 
-def _encode_batches(batches: Iterable[Any], key_fields: tuple[str, ...], protobuf: bool) -> Iterator[Any]:
+def _encoded(keys: Sequence[str], texts: Sequence[str | None], key_fields: tuple[str, ...],
+             protobuf: bool) -> tuple[Any, Any]:
+    """The sort keys and protobuf records of rows given as key JSON and Go-JSON text (None: deleted)."""
+    sks: list[bytes] = []
+    pbs: list[bytes | None] = []
+    for key, text in zip(keys, texts, strict=True):
+        sks.append(sort_key_of(key))
+        if text is None:
+            pbs.append(None)
+            continue
+        if len(text.encode("utf-8")) + 1 > MAX_LINE_BYTES:
+            raise EncodeError(f"encoded line is over {MAX_LINE_BYTES} bytes (16 MiB), laredo's jsonl limit",
+                              row_key=row_key(decode_row(text), key_fields))
+        pbs.append(snapshot_record(decode_row(text) or {}, key_fields) if protobuf else None)
+    return pa.array(sks, pa.binary()), pa.array(pbs, pa.binary())
+
+
+def _encode_batches(batches: Iterable[Any], key_fields: tuple[str, ...], protobuf: bool,
+                    text_column: str) -> Iterator[Any]:
     for batch in batches:
-        keys = batch.column("key").to_pylist()
-        texts = batch.column("row").to_pylist()
-        sks: list[bytes] = []
-        pbs: list[bytes | None] = []
-        for key, text in zip(keys, texts, strict=True):
-            sks.append(sort_key_of(key))
-            row = decode_row(text) if text is not None else None
-            if row is not None and len(text.encode("utf-8")) + 1 > MAX_LINE_BYTES:
-                raise EncodeError(f"encoded line is over {MAX_LINE_BYTES} bytes (16 MiB), laredo's jsonl limit",
-                                  row_key=row_key(row, key_fields))
-            pbs.append(snapshot_record(row, key_fields) if protobuf and row is not None else None)
-        yield pa.RecordBatch.from_arrays([pa.array(keys, pa.string()), pa.array(sks, pa.binary()),
-                                          pa.array(texts, pa.string()), pa.array(pbs, pa.binary())],
-                                         schema=_ROWS_ARROW)
+        sks, pbs = _encoded(batch.column("key").to_pylist(), batch.column(text_column).to_pylist(), key_fields,
+                            protobuf)
+        yield pa.RecordBatch.from_arrays([*batch.columns, sks, pbs], names=[*batch.schema.names, "sk", "pb"])
 
 
 def encode_rows(frame: DataFrame, key_fields: Sequence[str], formats: Sequence[str]) -> DataFrame:
     """(key, row) -> ROWS_DDL: the sort key and the protobuf record of each row (null `row`: a key
-    that is deleted keeps only its sort key). The one place rows are encoded for the state."""
-    func = functools.partial(_encode_batches, key_fields=tuple(key_fields), protobuf="protobuf" in formats)
-    return frame.select("key", "row").mapInArrow(func, ROWS_DDL)
+    that is deleted keeps only its sort key). With `encode_net`, the one place rows are encoded."""
+    func = functools.partial(_encode_batches, key_fields=tuple(key_fields), protobuf="protobuf" in formats,
+                             text_column="row")
+    return frame.select("key", "row").mapInArrow(func, "key STRING, row STRING, sk BINARY, pb BINARY") \
+        .select("key", "sk", "row", "pb")
+
+
+def encode_net(net: DataFrame, key_fields: Sequence[str], formats: Sequence[str]) -> DataFrame:
+    """Net changes (NET_DDL) with the sort key and protobuf record of their new image: a diff encodes
+    the rows it brings into the archive once, and the next snapshot merges those bytes."""
+    func = functools.partial(_encode_batches, key_fields=tuple(key_fields), protobuf="protobuf" in formats,
+                             text_column="new")
+    return net.select("key", "action", "change_key", "old", "new").mapInArrow(func, f"{NET_DDL}, sk BINARY, pb BINARY")
 
 
 def _sample_batches(batches: Iterable[Any]) -> Iterator[Any]:

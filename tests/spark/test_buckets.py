@@ -157,3 +157,36 @@ def test_uniform_churn_rewrites_every_bucket_and_gives_the_same_bytes_as_a_full_
         a = b"".join(p.read_bytes() for p in incremental.formats[fid].files())
         b = b"".join(p.read_bytes() for p in full.formats[fid].files())
         assert a == b and len(a) == incremental.formats[fid].bytes
+
+
+def test_a_rebase_after_diffs_merges_the_rows_the_diffs_encoded(spark: Any, tmp_path: Path) -> None:
+    """Diffs encode their new images into the state's deltas; the snapshot after them runs no encoder."""
+    from snapshot_assets.spark.diff import build_diff
+
+    initial = 1500
+    waves = [[(Action.UPDATE, i) for i in range(w, initial, 50)] + [(Action.INSERT, initial + w)] for w in range(3)]
+    waves.append([(Action.DELETE, i) for i in range(0, initial, 300)])
+    reader, positions = buffer_with(tmp_path / "buffer", initial, waves)
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
+                           BYTE_FORMATS, tmp_path / "s0", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
+    layered = LayeredBase(first.details["state"], ())
+    for n in range(1, 4):
+        built = build_diff(spark, reader.segments(positions[n - 1], positions[n]), layered, positions[n], KEYS,
+                           ("jsonl",), tmp_path / f"d{n}", tmp_path / "deltas" / str(n), state_formats=BYTE_FORMATS)
+        delta = built.details["delta"]
+        assert delta.encoded == BYTE_FORMATS and delta.rows(spark, BYTE_FORMATS) is not None
+        layered = LayeredBase(layered.state, (*layered.deltas, delta))
+    snap = build_snapshot(spark, layered, reader.segments(positions[3], positions[4]), positions[4], KEYS,
+                          BYTE_FORMATS, tmp_path / "s1", tmp_path / "state" / "epoch=2", bucket_bytes=16 * 1024)
+    assert snap.details["mode"] == "incremental"
+    table = {i: row(i) for i in range(initial)}
+    for w, wave in enumerate(waves, start=1):
+        for action, i in wave:
+            if action is Action.DELETE:
+                table.pop(i, None)
+            else:
+                table[i] = row(i, w)
+    for fid in BYTE_FORMATS:
+        assert b"".join(p.read_bytes() for p in snap.formats[fid].files()) == expected_bytes(fid, table), fid
