@@ -123,6 +123,13 @@ class CredentialProfile:
     endpoint_url: str = ""  # the STS endpoint of an assume_role profile (tests, private endpoints)
 
 
+#: The size (jsonl bytes) a full build aims at per state bucket: big enough that every bucket is a
+#: valid S3 multipart part (>= 5 MiB) in each byte format, small enough that a re-base touching a few
+#: buckets rewrites little.
+DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
+MIN_BUCKET_BYTES = 8 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class TableConfig:
     """One table. `key_fields` is what the file says, `()` when it says nothing: the key the source
@@ -142,6 +149,7 @@ class TableConfig:
     buffer: BufferConfig
     credentials: Mapping[str, CredentialProfile] = field(default_factory=dict)  # the profiles specs may name
     retry: RetryConfig = field(default_factory=RetryConfig)
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES  # state { bucket_size }: the jsonl bytes a state bucket aims at
 
     @property
     def name(self) -> str:
@@ -269,7 +277,7 @@ DESTINATION_REQUIRED = {"local": ("path",), "s3": ("bucket",)}
 EVENT_KEYS = {"sns": ("topic_arn",), "sqs": ("queue_url",), "kinesis": ("stream",), "file": ("path",)}
 EVENT_COMMON = {"type", "region", "endpoint_url", "credentials"}
 TABLE_KEYS = ("source", "key_prefix", "key_fields", "diff", "snapshot", "retention", "destinations",
-              "formats", "events", "buffer", "retry")
+              "formats", "events", "buffer", "retry", "state")
 
 
 def _source(s: _Section) -> SourceConfig:
@@ -444,8 +452,18 @@ def _table(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: Bu
         buffer=_buffer(s.sub("buffer"), buffer) if s.has("buffer") else buffer,
         credentials=credentials,
         retry=_retry(s.sub("retry")),
+        bucket_bytes=_bucket_bytes(s.sub("state")),
     )
     return table
+
+
+def _bucket_bytes(s: _Section) -> int:
+    size = s.get("bucket_size", parse_size, DEFAULT_BUCKET_BYTES)
+    s.done()
+    if size < MIN_BUCKET_BYTES:
+        raise ConfigError(s.file, s.at("bucket_size"), f"must be at least {MIN_BUCKET_BYTES // (1024 * 1024)} MiB "
+                          "(a bucket's bytes are one S3 multipart part, which must be at least 5 MiB)")
+    return size
 
 
 def _credentials(s: _Section) -> dict[str, CredentialProfile]:

@@ -182,7 +182,8 @@ class TablePipeline:
             base, segments = choose_base(reader, nxt.to_position, state=state, artifact=artifact, cmp=self.cmp)
             built = build_snapshot(spark, base, segments, nxt.to_position, key_fields,
                                    self.cfg.snapshot_formats, self.staging, self.state_root / f"epoch={epoch}",
-                                   previous_keys=self._reusable_objects(previous, state))
+                                   previous_keys=self._reusable_objects(previous, state),
+                                   bucket_bytes=self.cfg.bucket_bytes)
             shutil.rmtree(self.base_cache, ignore_errors=True)
         refs = assemble(built, self.destinations, self.cfg.key_prefix, epoch)
         shutil.rmtree(self.staging, ignore_errors=True)

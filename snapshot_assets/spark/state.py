@@ -44,6 +44,7 @@ from snapshot_assets.archive.errors import EncodeError
 from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
 from snapshot_assets.archive.formats.protobuf import snapshot_record
 from snapshot_assets.archive.keys import row_key
+from snapshot_assets.config import DEFAULT_BUCKET_BYTES
 from snapshot_assets.spark.effects import NET_DDL, decode_row
 from snapshot_assets.spark.sortkey import sort_key_of
 
@@ -53,7 +54,7 @@ ROWS_DDL = "key STRING, sk BINARY, row STRING, pb BINARY"
 ENCODED_DDL = "bucket INT, key STRING, sk BINARY, row STRING, pb BINARY"
 #: Formats whose artifact is the concatenation of per-row records (no header, no footer).
 BYTE_FORMATS = ("jsonl", "protobuf")
-TARGET_BUCKET_BYTES = 32 * 1024 * 1024
+TARGET_BUCKET_BYTES = DEFAULT_BUCKET_BYTES
 MAX_GROWTH = 4
 SAMPLES_PER_BUCKET = 32
 
