@@ -47,7 +47,7 @@ from snapshot_assets.spark.effects import NET_DDL, STATE_DDL, encode_row, key_js
 from snapshot_assets.spark.state import StateBase, encode_net
 
 __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
-           "StateBase", "choose_base", "latest_images", "write_delta"]
+           "StateBase", "choose_base", "latest_images", "rows_for", "write_delta"]
 
 DELTA_MARKER = "_snapshotter_delta.json"
 _STATE_ARROW = pa.schema([("key", pa.string()), ("row", pa.string())])
@@ -206,6 +206,21 @@ class LayeredBase:
 
     def describe(self) -> str:
         return f"{self.state.describe()} + {len(self.deltas)} diff delta(s) to {self.position}"
+
+
+def rows_for(base: Base, spark: SparkSession, key_fields: Sequence[str], keys: DataFrame) -> DataFrame:
+    """The base's rows (STATE_DDL) of the given keys (a `key` column). A bucketed state (with its
+    deltas) reads only the buckets the keys fall in; other bases are scanned and semi-joined."""
+    if isinstance(base, StateBase):
+        return base.rows_for(spark, key_fields, keys)
+    if isinstance(base, LayeredBase) and not base.truncated:
+        if not base.deltas:
+            return base.state.rows_for(spark, key_fields, keys)
+        latest = latest_images([d.frame(spark).selectExpr("key", "new AS row") for d in base.deltas]) \
+            .join(keys.select("key"), "key", "left_semi")
+        untouched = base.state.rows_for(spark, key_fields, keys).join(latest.select("key"), "key", "left_anti")
+        return untouched.unionByName(latest.filter("row IS NOT NULL"))
+    return base.frame(spark, key_fields).join(keys.select("key"), "key", "left_semi")
 
 
 @dataclass(frozen=True, slots=True)

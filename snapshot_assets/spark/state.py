@@ -312,6 +312,17 @@ class StateBase:
             return spark.createDataFrame([], ROWS_DDL)
         return spark.read.schema(ROWS_DDL).parquet(*paths)
 
+    def rows_for(self, spark: SparkSession, key_fields: Sequence[str], keys: DataFrame) -> DataFrame:
+        """The rows (STATE_DDL) of the given keys (a `key` column), reading only the buckets they
+        fall in: the keys' sort keys are computed (Python per wanted key), their bucket ids collected."""
+        if tuple(key_fields) != self.key_fields:
+            raise ValueError(f"state at {self.path} is keyed by {list(self.key_fields)}, not {list(key_fields)}")
+        wanted = keys.selectExpr("key", "CAST(NULL AS STRING) AS row")
+        located = encode_rows(wanted, key_fields, ())
+        found = located.selectExpr(f"{bucket_expr(self.bounds)} AS b").distinct().collect()
+        buckets = sorted(int(r["b"]) for r in found)
+        return self.rows_frame(spark, buckets).select("key", "row").join(keys.select("key"), "key", "left_semi")
+
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
         """The rows as STATE_DDL (key, row)."""
         if tuple(key_fields) != self.key_fields:

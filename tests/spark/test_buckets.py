@@ -190,3 +190,22 @@ def test_a_rebase_after_diffs_merges_the_rows_the_diffs_encoded(spark: Any, tmp_
                 table[i] = row(i, w)
     for fid in BYTE_FORMATS:
         assert b"".join(p.read_bytes() for p in snap.formats[fid].files()) == expected_bytes(fid, table), fid
+
+
+def test_rows_of_some_keys_come_from_their_buckets_only(spark: Any, tmp_path: Path) -> None:
+    from snapshot_assets.spark.bases import rows_for
+    from snapshot_assets.spark.effects import key_json
+
+    reader, positions = buffer_with(tmp_path / "buffer", 2000, [])
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    built = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
+                           BYTE_FORMATS, tmp_path / "s", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
+    state: StateBase = built.details["state"]
+    wanted = [5, 6, 1999, 4000]  # 4000 is not in the table
+    keys = spark.createDataFrame([(key_json((BIG + i,)),) for i in wanted], "key STRING")
+    got = rows_for(state, spark, KEYS, keys)
+    assert sorted(r["key"] for r in got.collect()) == sorted(key_json((BIG + i,)) for i in wanted[:3])
+    read = {f.rsplit("/", 1)[-1] for f in got.inputFiles()}
+    files = {b.path.rsplit("/", 1)[-1] for b in state.buckets if b.path}
+    assert 0 < len(read) <= 3 < len(files) and read <= files  # only the buckets of the wanted keys are scanned
