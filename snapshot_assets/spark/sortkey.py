@@ -70,6 +70,9 @@ def sort_key(values: Sequence[Any]) -> bytes:
 
 def sort_key_of(key_json: str) -> bytes:
     """The sort key of a canonical key JSON (`[v1, v2, ...]`, the state's and buffer's `key`)."""
+    inner = key_json[1:-1]
+    if inner.isascii() and (inner.isdigit() or (inner[:1] == "-" and inner[1:].isdigit())):  # one integer key
+        return bytes([_INT]) + _int(int(inner))
     values = gojson.loads(key_json)
     if not isinstance(values, list):
         raise ValueError(f"a key must be a JSON array of the key values, got {key_json[:80]!r}")
