@@ -57,6 +57,16 @@ def test_sort_key_keeps_the_order_of_integers_and_strings(ints: list[int], texts
                                                     (t.encode("utf-8", "surrogatepass"), b))
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(min_value=-(2**90), max_value=2**90), st.text(max_size=5), st.none()),
+                min_size=1, max_size=3))
+def test_the_sort_key_of_a_key_json_is_the_sort_key_of_its_values(values: list[Any]) -> None:
+    from snapshot_assets.spark.effects import key_json
+    from snapshot_assets.spark.sortkey import sort_key_of
+
+    assert sort_key_of(key_json(tuple(values))) == sort_key(values)
+
+
 # --- re-bases ----------------------------------------------------------------------------------------
 
 
