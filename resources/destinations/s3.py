@@ -31,6 +31,7 @@ from resources.destinations.multipart import MAX_PARTS, MIN_PART_SIZE, MiB
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
+    from botocore.credentials import ReadOnlyCredentials
     from botocore.response import StreamingBody
     from types_boto3_s3 import S3Client
     from types_boto3_s3.type_defs import CompletedPartTypeDef, GetObjectOutputTypeDef
@@ -167,6 +168,19 @@ class S3Connection:
                                            endpoint_url=self.endpoint_url, path_style=self.path_style,
                                            timeouts=timeouts)
         return client
+
+    def frozen_credentials(self) -> ReadOnlyCredentials | None:
+        """The credentials this connection signs with now, for an S3 client that is not boto3's (Arrow's);
+        None when the process has none (Arrow then tries its own default chain)."""
+        if self.credentials:
+            from resources.aws_credentials import CredentialProfiles
+
+            registry = CredentialProfiles.shared({p.name: p for p in self.profiles})
+            session = registry.session(self.credentials, component=f"s3 connection as {self.credentials!r}")
+        else:
+            session = boto3.session.Session()
+        credentials = session.get_credentials()
+        return None if credentials is None else credentials.get_frozen_credentials()
 
 
 class _BodyReader(io.RawIOBase):

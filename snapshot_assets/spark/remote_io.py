@@ -1,0 +1,266 @@
+"""Data that lives in object storage, read and written by Spark tasks, never through a disk the driver shares.
+
+Why this module: the Spark here has no hadoop-aws (no `s3a://`), and on a cluster the driver and the
+executors share no disk. So a dataset or an object on S3 is read and written by the tasks
+themselves, with Arrow's S3 filesystem (datasets) or the multipart seam (objects), one file or one
+part per task, never a row at a time and never via the driver:
+
+* `read_parquet(spark, uri)` / `write_parquet(df, uri)`: the same call for every location. A local
+  path or `file://` URI goes to Spark's own reader and writer (on a cluster that must be a mount
+  every host sees); an `s3://bucket/prefix/` URI is a folder of `part-<n>.parquet` files that each
+  task reads or writes on its own. The driver only lists the folder and reads one file's footer.
+* `write_object_parts(df, upload, encode)`: each partition's encoded bytes become part
+  `first_part + partition` of a multipart upload, written by its task from the task's own temp
+  space; `assemble_object` adds begin / complete / abort around it on the driver.
+
+A task reaches S3 with the destination's `S3Connection` (endpoint, region, timeouts, profile
+definition: no secret); the credentials are those of the task's own host, or the named profile
+assumed there (resources/destinations/s3.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from resources.destinations.base import Destination, PutResult
+from resources.destinations.multipart import MiB, MultipartUpload, PartReceipt, begin
+from resources.destinations.s3 import S3Connection
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+PART_FILE = "part-{:05d}.parquet"
+FILES_DDL = "file STRING, rows BIGINT, bytes BIGINT"
+PART_DDL = "part INT, bytes BIGINT, etag STRING"
+_SPOOL_IN_MEMORY = 16 * MiB  # a task's part beyond this spills to its own temp dir (SPARK_LOCAL_DIRS/TMPDIR)
+_DELETE_BATCH = 1000  # DeleteObjects' ceiling
+
+
+class RemoteIOError(RuntimeError):
+    """A dataset location cannot be read or written as asked (the message names the location)."""
+
+
+@dataclass(frozen=True, slots=True)
+class S3Location:
+    """`s3://bucket/prefix/`: a folder of parquet files, reached through `connection`."""
+
+    bucket: str
+    prefix: str
+    connection: S3Connection
+
+    @classmethod
+    def parse(cls, uri: str, connection: S3Connection | None) -> S3Location:
+        parts = urlsplit(uri)
+        if not parts.netloc:
+            raise RemoteIOError(f"{uri!r}: an s3 URI needs a bucket (s3://bucket/prefix/)")
+        prefix = parts.path.lstrip("/")
+        return cls(parts.netloc, prefix if not prefix or prefix.endswith("/") else prefix + "/",
+                   connection or S3Connection())
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def path(self, name: str) -> str:
+        """The Arrow filesystem path (bucket/key) of file `name` in this folder."""
+        return f"{self.bucket}/{self.prefix}{name}"
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def arrow_s3(connection: S3Connection) -> pafs.S3FileSystem:
+    """Arrow's S3 filesystem signed like `connection` (built where it is used: in the task, on its host)."""
+    credentials = connection.frozen_credentials()
+    options: dict[str, Any] = {}
+    if credentials is not None:
+        options.update(access_key=credentials.access_key, secret_key=credentials.secret_key,
+                       session_token=credentials.token or None)
+    if connection.endpoint_url:
+        endpoint = urlsplit(connection.endpoint_url)
+        options.update(endpoint_override=endpoint.netloc, scheme=endpoint.scheme or "https")
+    import boto3
+
+    region = connection.region or boto3.session.Session().region_name or "us-east-1"
+    return pafs.S3FileSystem(region=region, connect_timeout=connection.connect_timeout,
+                             request_timeout=connection.read_timeout,
+                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=connection.max_attempts),
+                             force_virtual_addressing=not connection.path_style and not connection.endpoint_url,
+                             **options)
+
+
+def _list_files(location: S3Location) -> list[str]:
+    """The folder's data files (names), sorted; `_`/`.`-prefixed names (markers, temp files) are not data."""
+    client = location.connection.client(f"dataset {location.uri}")
+    names = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=location.prefix):
+        for item in page.get("Contents", []):
+            name = item["Key"][len(location.prefix):]
+            if "/" not in name and not name.startswith(("_", ".")) and name.endswith(".parquet"):
+                names.append(name)
+    return sorted(names)
+
+
+def _task_partition() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("called outside a Spark task")
+    return int(context.partitionId())
+
+
+# -- datasets -------------------------------------------------------------------------------------------
+
+
+def _read_files(batches: Iterable[pa.RecordBatch], location: S3Location, names: Sequence[str],
+                schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Task: stream the files whose indices arrive in `batches`, a record batch at a time."""
+    filesystem = arrow_s3(location.connection)
+    for batch in batches:
+        for index in batch.column("id").to_pylist():
+            with filesystem.open_input_file(location.path(names[index])) as source:
+                for data in pq.ParquetFile(source).iter_batches(batch_size=batch_rows):
+                    yield pa.RecordBatch.from_arrays(data.columns, schema=schema)
+
+
+def read_parquet(spark: Any, uri: str, *, s3: S3Connection | None = None, schema: pa.Schema | None = None,
+                 batch_rows: int = 8192) -> DataFrame:
+    """The parquet dataset at `uri` as a DataFrame: Spark's reader for a local path, tasks for `s3://`.
+
+    On S3 each file is read by one task (at most as many tasks as files); the schema is the first
+    file's unless `schema` (Arrow) is given; every file must have it.
+    """
+    if not is_s3(uri):
+        local: DataFrame = spark.read.parquet(uri)
+        return local
+    location = S3Location.parse(uri, s3)
+    names = _list_files(location)
+    if not names:
+        raise RemoteIOError(f"{location.uri}: no parquet files there")
+    if schema is None:
+        schema = pq.read_schema(location.path(names[0]), filesystem=arrow_s3(location.connection))
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    task = functools.partial(_read_files, location=location, names=tuple(names), schema=schema,
+                             batch_rows=batch_rows)
+    remote: DataFrame = spark.range(0, len(names), 1, len(names)).mapInArrow(task, from_arrow_schema(schema))
+    return remote
+
+
+def _write_file(batches: Iterable[pa.RecordBatch], location: S3Location) -> Iterator[pa.RecordBatch]:
+    """Task: this partition's rows as one parquet file named by the partition (a retry overwrites it)."""
+    name = PART_FILE.format(_task_partition())
+    rows = 0
+    writer: pq.ParquetWriter | None = None
+    stream: Any = None
+    try:
+        for batch in batches:
+            if writer is None:
+                stream = arrow_s3(location.connection).open_output_stream(location.path(name))
+                writer = pq.ParquetWriter(stream, batch.schema)
+            writer.write_batch(batch)
+            rows += batch.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+        if stream is not None:
+            stream.close()
+    if writer is not None:
+        info = arrow_s3(location.connection).get_file_info(location.path(name))
+        yield pa.RecordBatch.from_pydict({"file": [name], "rows": [rows], "bytes": [info.size]},
+                                         schema=pa.schema([("file", pa.string()), ("rows", pa.int64()),
+                                                           ("bytes", pa.int64())]))
+
+
+def _clear(location: S3Location) -> None:
+    """Delete what a previous write left in the folder (data files, markers), so the folder is only this write."""
+    client = location.connection.client(f"dataset {location.uri}")
+    keys = [item["Key"] for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=location.bucket, Prefix=location.prefix) for item in page.get("Contents", [])]
+    for start in range(0, len(keys), _DELETE_BATCH):
+        chunk = keys[start:start + _DELETE_BATCH]
+        client.delete_objects(Bucket=location.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
+
+
+def write_parquet(df: DataFrame, uri: str, *, s3: S3Connection | None = None) -> list[str]:
+    """Replace the dataset at `uri` with `df`: Spark's writer for a local path, one file per task on S3.
+
+    Returns the files written (S3: `part-<partition>.parquet` names; empty partitions write none,
+    and a dataset with no rows at all still gets one empty file carrying the schema). Local paths
+    return [] (Spark names its own files).
+    """
+    if not is_s3(uri):
+        df.write.mode("overwrite").parquet(uri)
+        return []
+    location = S3Location.parse(uri, s3)
+    _clear(location)
+    written = df.mapInArrow(functools.partial(_write_file, location=location), FILES_DDL).collect()
+    names = sorted(row["file"] for row in written)
+    if not names:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        names = [PART_FILE.format(0)]
+        pq.write_table(to_arrow_schema(df.schema).empty_table(), location.path(names[0]),
+                       filesystem=arrow_s3(location.connection))
+    return names
+
+
+# -- one object from every task's part ------------------------------------------------------------------
+
+Encoder = Callable[[Iterator[pa.RecordBatch]], Iterable[bytes]]
+_PART_ARROW = pa.schema([("part", pa.int32()), ("bytes", pa.int64()), ("etag", pa.string())])
+
+
+def _write_part(batches: Iterator[pa.RecordBatch], upload: MultipartUpload, encode: Encoder,
+                first_part: int) -> Iterator[pa.RecordBatch]:
+    """Task: encode this partition, spool it in the task's own temp space, send it as one part."""
+    number = first_part + _task_partition()
+    with tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY) as spool:
+        for chunk in encode(batches):
+            spool.write(chunk)
+        size = spool.tell()
+        if size:
+            spool.seek(0)
+            etag = upload.write_part(number, spool).etag  # type: ignore[arg-type]
+    yield pa.RecordBatch.from_pydict({"part": [number], "bytes": [size], "etag": [etag if size else ""]},
+                                     schema=_PART_ARROW)
+
+
+def write_object_parts(df: DataFrame, upload: MultipartUpload, encode: Encoder, *,
+                       first_part: int = 1) -> list[PartReceipt]:
+    """Each partition's `encode`d bytes as part `first_part + partition id`, written by its task.
+
+    Returns the receipts of the non-empty parts in part order (empty partitions write nothing).
+    The parts must obey S3's rules to complete (every one but the last at least 5 MiB):
+    `complete` names the offender otherwise.
+    """
+    rows = df.mapInArrow(functools.partial(_write_part, upload=upload, encode=encode, first_part=first_part),
+                         PART_DDL).collect()
+    return sorted((PartReceipt(int(r["part"]), int(r["bytes"]), str(r["etag"])) for r in rows if r["bytes"]),
+                  key=lambda receipt: receipt.number)
+
+
+def assemble_object(df: DataFrame, dest: Destination, key: str, encode: Encoder) -> PutResult:
+    """The object `key` on `dest` made of every partition's encoded bytes, in partition order.
+
+    Tasks write the parts; the driver completes the upload with their ordered numbers, or aborts
+    it when anything fails (no part lingers).
+    """
+    upload = begin(dest, key)
+    try:
+        receipts = write_object_parts(df, upload, encode)
+        return upload.complete([r.number for r in receipts])
+    except BaseException:
+        upload.abort()
+        raise
