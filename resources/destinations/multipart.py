@@ -16,12 +16,15 @@ build that works on disk cannot fail on S3 for the first time in production.
 existing object) into parts that obey those rules: ranges of at least 5 MiB are copied server-side,
 small pieces are merged with their neighbours (a small copied range is then fetched and re-uploaded:
 the only case where existing bytes pass through a host, never more than 5 MiB per piece). A part
-made of several segments is always under 10 MiB. `write_planned` executes one planned part.
+made of several segments is always under 10 MiB. `write_planned` executes one planned part,
+`write_plan` a whole plan with a few parts in flight (a server-side copy is one request that
+waits on S3 while it copies, so a re-base of many buckets is bound by those waits, not by bytes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO, Protocol
@@ -328,3 +331,15 @@ def write_planned(upload: MultipartUpload, part: PlannedPart, fresh: FreshSource
         raise MultipartError(f"{upload.uri()}: part {part.number} should hold {part.size} bytes, its segments "
                              f"gave {len(body)}")
     return upload.write_part(part.number, body)
+
+
+def write_plan(upload: MultipartUpload, plan: Sequence[PlannedPart], fresh: FreshSource | None = None, *,
+               threads: int = 8) -> PutResult:
+    """Write every planned part (`threads` at a time) and complete the upload in plan order.
+
+    `fresh` must be callable from several threads at once when the plan has fresh parts. On any
+    failure the upload is left open for the caller to abort (see `Assembling`).
+    """
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="multipart") as pool:
+        receipts = list(pool.map(lambda part: write_planned(upload, part, fresh), plan))
+    return upload.complete([receipt.number for receipt in receipts])

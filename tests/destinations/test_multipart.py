@@ -24,6 +24,7 @@ from resources.destinations.multipart import (
     MultipartError,
     begin,
     plan_parts,
+    write_plan,
     write_planned,
 )
 from resources.destinations.s3 import MiB
@@ -205,3 +206,6 @@ def test_a_plan_of_fresh_pieces_and_ranges_executes_to_the_pieces_concatenated(d
         write_planned(upload, part, supply)
     result = upload.complete([p.number for p in plan])
     assert result.size == len(expected) and _data(dest, "new.jsonl") == expected
+
+    again = write_plan(begin(dest, "again.jsonl"), plan, supply, threads=4)  # parts in flight together
+    assert again.size == len(expected) and _data(dest, "again.jsonl") == expected
