@@ -28,12 +28,15 @@ from typing import BinaryIO
 from resources.destinations.base import PutResult
 from resources.destinations.local import CHUNK_SIZE, DIR_MODE, FILE_MODE, RESERVED_PREFIX, LocalDestination
 from resources.destinations.multipart import (
+    CopyRange,
     MultipartError,
     PartReceipt,
     check_numbers,
     check_part_number,
     check_parts,
     check_range,
+    staged_key,
+    staged_prefix,
 )
 
 STAGING_DIR = RESERVED_PREFIX + "multipart"
@@ -149,6 +152,13 @@ class LocalUpload:
         with self._open_source(source_key, start, length, where) as src:
             return os.pread(src, length, start)
 
+    def stage(self, name: str, data: bytes) -> CopyRange:
+        if not self.staging.is_dir():
+            raise MultipartError(f"{self._where()}: the upload is not open (completed or aborted)")
+        key = staged_key(self.key, self.upload_id, name)
+        self.dest.put(key, data)
+        return CopyRange(key, 0, len(data))
+
     @contextlib.contextmanager
     def _open_source(self, source_key: str, start: int, length: int, where: str) -> Iterator[int]:
         try:
@@ -194,6 +204,8 @@ class LocalUpload:
             os.close(fd)
 
     def abort(self) -> None:
+        for info in list(self.dest.list(staged_prefix(self.key, self.upload_id))):
+            self.dest.delete(info.key)
         shutil.rmtree(self.staging, ignore_errors=True)
         with contextlib.suppress(OSError):  # the shared staging folder, once no upload uses it
             os.rmdir(self.staging.parent)

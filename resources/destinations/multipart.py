@@ -89,6 +89,12 @@ class MultipartUpload(Protocol):
         """The bytes [start, start + length) of `source_key` (for small ranges merged into a part)."""
         ...
 
+    def stage(self, name: str, data: bytes) -> CopyRange:
+        """Keep `data` as an object beside the upload (see `staged_key`), a source for `copy_part` and
+        `read_range`: how a piece too small to be a part reaches the host that merges it. Staged objects
+        are removed when the upload completes or aborts."""
+        ...
+
     def complete(self, numbers: Sequence[int]) -> PutResult:
         """Publish the object made of parts `numbers` (ascending) in that order; no parts = an empty object.
 
@@ -100,6 +106,18 @@ class MultipartUpload(Protocol):
     def abort(self) -> None:
         """Drop the upload and every part written so far; aborting twice is not an error."""
         ...
+
+
+def staged_prefix(key: str, upload_id: str) -> str:
+    """Where an upload's staged objects live: beside the object's key, named by the upload (a failed
+    run's leftovers are then easy to recognise: `<key>.parts-<upload id>/`)."""
+    return f"{key}.parts-{upload_id}/"
+
+
+def staged_key(key: str, upload_id: str, name: str) -> str:
+    if not name or "/" in name:
+        raise MultipartError(f"staged object name {name!r} must be non-empty and contain no '/'")
+    return staged_prefix(key, upload_id) + name
 
 
 def begin(dest: Destination, key: str) -> MultipartUpload:
@@ -259,8 +277,8 @@ def _chunks(length: int, max_part: int) -> list[int]:
 
 
 def plan_parts(pieces: Sequence[Piece], *, min_part: int = MIN_PART_SIZE, max_part: int = MAX_PART_SIZE,
-               max_parts: int = MAX_PARTS) -> tuple[PlannedPart, ...]:
-    """Valid parts (numbered 1..n) whose segments, concatenated, are exactly the pieces, in order.
+               max_parts: int = MAX_PARTS, first_number: int = 1) -> tuple[PlannedPart, ...]:
+    """Valid parts (numbered from `first_number`) whose segments, concatenated, are exactly the pieces.
 
     A piece big enough to stand alone gets parts of its own (a range: server-side copies; fresh
     bytes: parts its producer can write alone); smaller pieces collect in a pending part until it
@@ -292,10 +310,10 @@ def plan_parts(pieces: Sequence[Piece], *, min_part: int = MIN_PART_SIZE, max_pa
                 pending, pending_size = [], 0
     if pending:
         parts.append(tuple(pending))
-    if len(parts) > max_parts:
-        raise MultipartError(f"the pieces need {len(parts)} parts, more than the {max_parts} S3 allows; "
-                             "use fewer, larger pieces")
-    return tuple(PlannedPart(number, segments) for number, segments in enumerate(parts, start=1))
+    if first_number + len(parts) - 1 > max_parts:
+        raise MultipartError(f"the pieces need {len(parts)} parts from number {first_number}, beyond the "
+                             f"{max_parts} S3 allows; use fewer, larger pieces")
+    return tuple(PlannedPart(number, segments) for number, segments in enumerate(parts, start=first_number))
 
 
 FreshSource = Callable[[FreshSlice], BinaryIO | bytes]

@@ -22,6 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from resources.destinations.base import DestinationError, PutResult
 from resources.destinations.multipart import (
     MAX_PART_SIZE,
+    CopyRange,
     MiB,
     MultipartError,
     PartReceipt,
@@ -29,12 +30,14 @@ from resources.destinations.multipart import (
     check_part_number,
     check_parts,
     check_range,
+    staged_key,
+    staged_prefix,
 )
 from resources.destinations.s3 import S3Connection, _describe, _error_code
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
-    from types_boto3_s3.type_defs import CompletedPartTypeDef
+    from types_boto3_s3.type_defs import CompletedPartTypeDef, ObjectIdentifierTypeDef
 
 _SPOOL_IN_MEMORY = 16 * MiB  # a streamed part beyond this spills to the task's own temp dir
 _clients: dict[S3Connection, S3Client] = {}
@@ -142,6 +145,20 @@ class S3Upload:
                                  f"(the object holds {response.get('ContentRange', '?')})")
         return data
 
+    def stage(self, name: str, data: bytes) -> CopyRange:
+        key = staged_key(self.key, self.upload_id, name)
+        with self._errors(f"{self._where()} staging {name}"):
+            self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data)
+        return CopyRange(key, 0, len(data))
+
+    def _drop_staged(self) -> None:
+        prefix = self.prefix + staged_prefix(self.key, self.upload_id)
+        with self._errors(f"{self._where()} dropping staged objects"):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                keys: list[ObjectIdentifierTypeDef] = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+                if keys:
+                    self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+
     def _listed(self) -> dict[int, dict[str, Any]]:
         """Every part S3 holds for this upload, by number."""
         parts: dict[int, dict[str, Any]] = {}
@@ -170,6 +187,7 @@ class S3Upload:
             done = self.client.complete_multipart_upload(
                 Bucket=self.bucket, Key=self.prefix + self.key, UploadId=self.upload_id,
                 MultipartUpload={"Parts": completed})
+        self._drop_staged()
         return PutResult(uri=self.uri(), size=sum(int(listed[n]["Size"]) for n in numbers), revision=done["ETag"])
 
     def _complete_empty(self) -> PutResult:
@@ -180,6 +198,7 @@ class S3Upload:
         return PutResult(uri=self.uri(), size=0, revision=etag)
 
     def abort(self) -> None:
+        self._drop_staged()
         try:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=self.prefix + self.key, UploadId=self.upload_id)
         except ClientError as exc:

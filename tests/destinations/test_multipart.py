@@ -169,6 +169,25 @@ def test_assembling_aborts_when_the_block_fails(dest: Destination) -> None:
     assert _data(dest, "ok.bin") == b"part"
 
 
+def test_staged_pieces_are_sources_for_parts_and_vanish_with_the_upload(dest: Destination) -> None:
+    upload = begin(dest, "t/staged.jsonl")
+    small = upload.stage("piece-00001", b"small piece\n")
+    head = upload.stage("piece-00002", _blob(MIN_PART_SIZE, 3))
+    assert [i.key for i in dest.list("t/")] == [small.key, head.key]  # beside the object, named by the upload
+    cut = MIN_PART_SIZE - small.length  # part 1: the small piece topped up from the head; part 2: the rest
+    upload.write_part(1, upload.read_range(small.key, 0, small.length) + upload.read_range(head.key, 0, cut))
+    upload.copy_part(2, head.key, cut, head.length - cut)
+    upload.complete([1, 2])
+    assert _data(dest, "t/staged.jsonl") == b"small piece\n" + _blob(MIN_PART_SIZE, 3)
+    assert [i.key for i in dest.list("t/")] == ["t/staged.jsonl"]
+    aborted = begin(dest, "t/other.jsonl")
+    aborted.stage("piece-00001", b"x")
+    aborted.abort()
+    assert [i.key for i in dest.list("t/")] == ["t/staged.jsonl"]
+    with pytest.raises(MultipartError, match="must be non-empty and contain no '/'"):
+        begin(dest, "t/x").stage("a/b", b"")
+
+
 _WRITE_IN_ANOTHER_PROCESS = """
 import pickle, sys
 upload = pickle.loads(sys.stdin.buffer.read())

@@ -106,8 +106,9 @@ def test_nothing_to_write_plans_no_parts() -> None:
 
 
 def test_too_many_parts_and_bad_pieces_are_refused() -> None:
-    with pytest.raises(MultipartError, match="need 4 parts, more than the 3 S3 allows"):
+    with pytest.raises(MultipartError, match="need 4 parts from number 1, beyond the 3 S3 allows"):
         plan_parts([Fresh(10)] * 4, min_part=10, max_part=20, max_parts=3)
+    assert [p.number for p in plan_parts([Fresh(10)] * 2, min_part=10, max_part=20, first_number=7)] == [7, 8]
     with pytest.raises(MultipartError, match="piece 1: negative size -1"):
         plan_parts([Fresh(1), Fresh(-1)])
     with pytest.raises(MultipartError, match="piece 0: invalid range"):
