@@ -268,9 +268,9 @@ def _slice(index: int, piece: Piece, offset: int, length: int) -> Segment:
     return FreshSlice(index, offset, length)
 
 
-def _chunks(length: int, max_part: int) -> list[int]:
+def split_evenly(length: int, max_part: int) -> list[int]:
     """`length` (>= the minimum) cut into the fewest near-equal sizes of at most `max_part`: each is then
-    over max_part / 2, hence at least the minimum."""
+    over max_part / 2, hence at least the minimum when max_part >= 2 * the minimum."""
     count = -(-length // max_part)
     base, extra = divmod(length, count)
     return [base + 1] * extra + [base] * (count - extra)
@@ -299,7 +299,7 @@ def plan_parts(pieces: Sequence[Piece], *, min_part: int = MIN_PART_SIZE, max_pa
                 parts.append(tuple(pending))
                 pending, pending_size = [], 0
             offset = top_up
-            for size in _chunks(piece.size - top_up, max_part):
+            for size in split_evenly(piece.size - top_up, max_part):
                 parts.append((_slice(index, piece, offset, size),))
                 offset += size
         else:

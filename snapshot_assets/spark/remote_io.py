@@ -9,9 +9,10 @@ part per task, never a row at a time and never via the driver:
   path or `file://` URI goes to Spark's own reader and writer (on a cluster that must be a mount
   every host sees); an `s3://bucket/prefix/` URI is a folder of `part-<n>.parquet` files that each
   task reads or writes on its own. The driver only lists the folder and reads one file's footer.
-* `write_object_parts(df, upload, encode)`: each partition's encoded bytes become part
-  `first_part + partition` of a multipart upload, written by its task from the task's own temp
-  space; `assemble_object` adds begin / complete / abort around it on the driver.
+* `assemble_object(df, dest, key, encode)`: one object made of every partition's encoded bytes, in
+  partition order: each task sends its share into a multipart upload from its own temp space
+  (S3 UploadPart; a local destination's staging), the driver completes it. Partitions of any size
+  work: a share under S3's 5 MiB floor is staged beside the upload and merged by the driver.
 
 A task reaches S3 with the destination's `S3Connection` (endpoint, region, timeouts, profile
 definition: no secret); the credentials are those of the task's own host, or the named profile
@@ -21,10 +22,12 @@ assumed there (resources/destinations/s3.py).
 from __future__ import annotations
 
 import functools
+import io
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -32,7 +35,20 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from resources.destinations.base import Destination, PutResult
-from resources.destinations.multipart import MiB, MultipartUpload, PartReceipt, begin
+from resources.destinations.multipart import (
+    MAX_PARTS,
+    MIN_PART_SIZE,
+    Assembling,
+    CopyRange,
+    MiB,
+    MultipartError,
+    MultipartUpload,
+    PlannedPart,
+    begin,
+    plan_parts,
+    split_evenly,
+    write_planned,
+)
 from resources.destinations.s3 import S3Connection
 
 if TYPE_CHECKING:
@@ -40,7 +56,6 @@ if TYPE_CHECKING:
 
 PART_FILE = "part-{:05d}.parquet"
 FILES_DDL = "file STRING, rows BIGINT, bytes BIGINT"
-PART_DDL = "part INT, bytes BIGINT, etag STRING"
 _SPOOL_IN_MEMORY = 16 * MiB  # a task's part beyond this spills to its own temp dir (SPARK_LOCAL_DIRS/TMPDIR)
 _DELETE_BATCH = 1000  # DeleteObjects' ceiling
 
@@ -216,51 +231,103 @@ def write_parquet(df: DataFrame, uri: str, *, s3: S3Connection | None = None) ->
     return names
 
 
-# -- one object from every task's part ------------------------------------------------------------------
+# -- one object from every task's share ----------------------------------------------------------------
 
 Encoder = Callable[[Iterator[pa.RecordBatch]], Iterable[bytes]]
-_PART_ARROW = pa.schema([("part", pa.int32()), ("bytes", pa.int64()), ("etag", pa.string())])
+PARTS_PER_TASK = 16  # part numbers per partition: 625 partitions fit S3's 10,000
+BODY_PART_SIZE = 64 * MiB  # a task's body parts (more when 15 of them would not hold the partition)
+PIECE_DDL = "piece INT, bytes BIGINT, staged STRING, staged_bytes BIGINT, parts ARRAY<INT>"
+_PIECE_ARROW = pa.schema([("piece", pa.int32()), ("bytes", pa.int64()), ("staged", pa.string()),
+                          ("staged_bytes", pa.int64()), ("parts", pa.list_(pa.int32()))])
 
 
-def _write_part(batches: Iterator[pa.RecordBatch], upload: MultipartUpload, encode: Encoder,
-                first_part: int) -> Iterator[pa.RecordBatch]:
-    """Task: encode this partition, spool it in the task's own temp space, send it as one part."""
-    number = first_part + _task_partition()
+class _Limited(io.RawIOBase):
+    """The next `length` bytes of `source` as a stream of their own (one body part of a spooled share)."""
+
+    def __init__(self, source: BinaryIO, length: int) -> None:
+        super().__init__()
+        self._source, self._left = source, length
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")[: self._left]
+        count = self._source.readinto(view)  # type: ignore[attr-defined]
+        self._left -= count
+        return int(count)
+
+
+def _write_piece(batches: Iterator[pa.RecordBatch], upload: MultipartUpload, encode: Encoder,
+                 parts_per_task: int) -> Iterator[pa.RecordBatch]:
+    """Task: encode this partition (spooled in the task's own temp space), then send it.
+
+    Its head (the first MIN_PART_SIZE bytes; all of it when under 2 * MIN_PART_SIZE) is staged beside
+    the upload; the rest, the body, goes straight in as parts `base + 2 ...`, each at least
+    MIN_PART_SIZE. The driver decides where the heads go: a head alone is a server-side copy, and
+    small shares between big ones are merged into the head that follows them.
+    """
+    piece = _task_partition()
+    base = piece * parts_per_task
+    if base + parts_per_task > MAX_PARTS:
+        raise MultipartError(f"{upload.uri()}: partition {piece} is beyond the {MAX_PARTS // parts_per_task} "
+                             f"an object can take at {parts_per_task} parts each; coalesce the DataFrame")
+    numbers: list[int] = []
+    staged, head_size = "", 0
     with tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY) as spool:
         for chunk in encode(batches):
             spool.write(chunk)
         size = spool.tell()
+        spool.seek(0)
         if size:
-            spool.seek(0)
-            etag = upload.write_part(number, spool).etag  # type: ignore[arg-type]
-    yield pa.RecordBatch.from_pydict({"part": [number], "bytes": [size], "etag": [etag if size else ""]},
-                                     schema=_PART_ARROW)
+            head_size = size if size < 2 * MIN_PART_SIZE else MIN_PART_SIZE
+            staged = upload.stage(f"piece-{piece:05d}", spool.read(head_size)).key
+        body = size - head_size
+        if body:
+            target = max(BODY_PART_SIZE, -(-body // (parts_per_task - 1)))
+            for number, length in enumerate(split_evenly(body, target), start=base + 2):
+                upload.write_part(number, _Limited(spool, length))  # type: ignore[arg-type]
+                numbers.append(number)
+    yield pa.RecordBatch.from_pydict({"piece": [piece], "bytes": [size], "staged": [staged],
+                                      "staged_bytes": [head_size], "parts": [numbers]}, schema=_PIECE_ARROW)
 
 
-def write_object_parts(df: DataFrame, upload: MultipartUpload, encode: Encoder, *,
-                       first_part: int = 1) -> list[PartReceipt]:
-    """Each partition's `encode`d bytes as part `first_part + partition id`, written by its task.
+def _final_parts(pieces: Sequence[Any], parts_per_task: int) -> tuple[list[PlannedPart], list[int]]:
+    """The parts the driver still writes (staged heads and small shares, planned per run) and the body
+    parts the tasks wrote; a run of staged pieces takes numbers from its first piece's block on, which
+    stay below the body that follows (a run has no more parts than pieces)."""
+    planned: list[PlannedPart] = []
+    written: list[int] = []
+    run: list[CopyRange] = []
+    run_first = 0
+    for piece in sorted(pieces, key=lambda p: int(p["piece"])):
+        if not piece["bytes"]:
+            continue
+        if not run:
+            run_first = int(piece["piece"]) * parts_per_task + 1
+        run.append(CopyRange(str(piece["staged"]), 0, int(piece["staged_bytes"])))
+        if piece["parts"]:
+            planned.extend(plan_parts(run, first_number=run_first))
+            written.extend(int(n) for n in piece["parts"])
+            run = []
+    if run:
+        planned.extend(plan_parts(run, first_number=run_first))
+    return planned, written
 
-    Returns the receipts of the non-empty parts in part order (empty partitions write nothing).
-    The parts must obey S3's rules to complete (every one but the last at least 5 MiB):
-    `complete` names the offender otherwise.
-    """
-    rows = df.mapInArrow(functools.partial(_write_part, upload=upload, encode=encode, first_part=first_part),
-                         PART_DDL).collect()
-    return sorted((PartReceipt(int(r["part"]), int(r["bytes"]), str(r["etag"])) for r in rows if r["bytes"]),
-                  key=lambda receipt: receipt.number)
 
+def assemble_object(df: DataFrame, dest: Destination, key: str, encode: Encoder, *,
+                    parts_per_task: int = PARTS_PER_TASK, threads: int = 8) -> PutResult:
+    """The object `key` on `dest`: every partition's `encode`d bytes, in partition order.
 
-def assemble_object(df: DataFrame, dest: Destination, key: str, encode: Encoder) -> PutResult:
-    """The object `key` on `dest` made of every partition's encoded bytes, in partition order.
-
-    Tasks write the parts; the driver completes the upload with their ordered numbers, or aborts
-    it when anything fails (no part lingers).
+    Tasks write their bodies as parts and stage their heads; the driver then copies or merges the
+    heads (`threads` at a time) and completes the upload, or aborts it if anything fails (no part
+    or staged piece lingers). Partitions may have any size; bytes pass through the driver only where
+    shares smaller than S3's 5 MiB floor are merged (at most 10 MiB per merged part).
     """
     upload = begin(dest, key)
-    try:
-        receipts = write_object_parts(df, upload, encode)
-        return upload.complete([r.number for r in receipts])
-    except BaseException:
-        upload.abort()
-        raise
+    with Assembling(upload) as job:
+        task = functools.partial(_write_piece, upload=upload, encode=encode, parts_per_task=parts_per_task)
+        planned, written = _final_parts(df.mapInArrow(task, PIECE_DDL).collect(), parts_per_task)
+        with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="assemble") as pool:
+            list(pool.map(lambda part: write_planned(upload, part), planned))
+        return job.complete(sorted([*written, *(part.number for part in planned)]))

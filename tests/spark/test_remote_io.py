@@ -8,6 +8,7 @@ local runtime produces, and the datasets they write must read back whole.
 
 from __future__ import annotations
 
+import functools
 import io
 import sys
 from collections.abc import Iterable, Iterator
@@ -21,14 +22,12 @@ import pytest
 from pyspark import cloudpickle
 
 from resources.destinations.local import LocalDestination
-from resources.destinations.multipart import MultipartError, begin
 from resources.destinations.s3 import MiB, S3Destination
 from snapshot_assets.spark.remote_io import (
     RemoteIOError,
     arrow_s3,
     assemble_object,
     read_parquet,
-    write_object_parts,
     write_parquet,
 )
 from tests.spark.cluster import SparkCluster
@@ -134,20 +133,43 @@ def test_tasks_assemble_one_object_from_their_parts(spark: Any, s3_dest: S3Desti
         assert got is not None and got.data == expected and result.size == len(expected)
 
 
-def test_parts_below_s3s_minimum_are_refused_and_the_upload_is_dropped(spark: Any, s3_dest: S3Destination) -> None:
-    with pytest.raises(MultipartError, match=r"part 1 has \d+ bytes; every part but the last needs at least"):
-        assemble_object(_rows_df(spark, per_partition=100), s3_dest, "t/small.jsonl", encode_jsonl)
+def _uneven_df(spark: Any, sizes: list[int]) -> Any:
+    """One partition per entry of `sizes` (rows), ids contiguous in partition order."""
+    frames, start = [], 0
+    for size in sizes:
+        frames.append(spark.range(start, start + size, 1, 1))
+        start += size
+    union = functools.reduce(lambda a, b: a.union(b), frames)
+    return union.selectExpr("id", "concat('user-', id) AS name", "repeat(chr(97 + id % 26), 96) AS pad")
+
+
+@pytest.mark.parametrize("sizes", [
+    [100, 42_000, 3, 90_000, 50, 0, 30],  # tiny shares between a 6 MiB one and a 13 MiB one (head + body)
+    [90_000, 10, 90_000],  # a share too small for a part between two big ones
+    [5, 0, 7],  # nothing reaches 5 MiB
+    [0, 0],  # no rows: an empty object
+])
+def test_partitions_of_any_size_assemble_and_leave_nothing_behind(spark: Any, s3_dest: S3Destination,
+                                                                   sizes: list[int]) -> None:
+    result = assemble_object(_uneven_df(spark, sizes), s3_dest, "t/uneven.jsonl", encode_jsonl)
+    got = s3_dest.get("t/uneven.jsonl")
+    assert got is not None and got.data == _single_process_jsonl(sum(sizes)) and result.size == len(got.data)
+    assert [info.key for info in s3_dest.list("")] == ["t/uneven.jsonl"]  # staged pieces gone
     client = boto3.client("s3", endpoint_url=s3_dest.endpoint_url)
     assert client.list_multipart_uploads(Bucket=s3_dest.bucket).get("Uploads", []) == []
-    assert s3_dest.get("t/small.jsonl") is None
 
 
-def test_part_numbers_follow_partitions_from_first_part(spark: Any, s3_dest: S3Destination) -> None:
-    upload = begin(s3_dest, "t/offset.jsonl")
-    receipts = write_object_parts(_rows_df(spark, partitions=2, per_partition=10), upload, encode_jsonl,
-                                  first_part=41)
-    assert [r.number for r in receipts] == [41, 42] and all(r.etag for r in receipts)
-    upload.abort()
+def failing_encoder(batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
+    yield from encode_jsonl(batches)
+    raise ValueError("cannot encode this row")
+
+
+def test_a_failing_task_drops_the_upload_and_its_staged_pieces(spark: Any, s3_dest: S3Destination) -> None:
+    with pytest.raises(Exception, match="cannot encode this row"):
+        assemble_object(_rows_df(spark, per_partition=10), s3_dest, "t/failed.jsonl", failing_encoder)
+    assert list(s3_dest.list("")) == []
+    client = boto3.client("s3", endpoint_url=s3_dest.endpoint_url)
+    assert client.list_multipart_uploads(Bucket=s3_dest.bucket).get("Uploads", []) == []
 
 
 # -- on a standalone cluster: nothing shared but S3 -------------------------------------------------------
