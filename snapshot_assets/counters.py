@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from resources.destinations.base import CASConflict, Destination, DestinationError, GetResult, ObjectInfo, PutResult
+from resources.destinations.multipart import MultipartUpload
 from resources.durable_files import write_json_atomic
 from resources.sinks.base import EventSink, SinkError
 
@@ -127,6 +128,9 @@ class CountingDestination:
 
     def delete(self, key: str) -> None:
         self._call(lambda: self.inner.delete(key))
+
+    def begin_multipart(self, key: str) -> MultipartUpload:
+        return self._call(lambda: self.inner.begin_multipart(key))
 
 
 class CountingSink:

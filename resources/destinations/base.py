@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
+
+if TYPE_CHECKING:
+    from resources.destinations.multipart import MultipartUpload
 
 
 class DestinationError(Exception):
@@ -76,4 +79,8 @@ class Destination(Protocol):
 
     def delete(self, key: str) -> None:
         """Remove the object; deleting a missing object is not an error."""
+        ...
+
+    def begin_multipart(self, key: str) -> MultipartUpload:
+        """Start assembling `key` from parts written anywhere (resources/destinations/multipart.py)."""
         ...

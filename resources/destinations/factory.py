@@ -71,9 +71,14 @@ def _timeouts(spec: Mapping[str, Any]) -> Timeouts:
                     max_attempts=int(spec.get("max_attempts") or S3_TIMEOUTS.max_attempts))
 
 
-def _build_s3(spec: Mapping[str, Any], s3_client: S3Client | None) -> Destination:
+def _build_s3(spec: Mapping[str, Any], s3_client: S3Client | None,
+              profiles: CredentialProfiles | None = None) -> Destination:
     timeouts = _timeouts(spec)
     threshold = _optional(spec, "multipart_threshold")
+    # Recorded so a multipart upload can sign the same way in a Spark task on another host.
+    named = _optional(spec, "credentials") or ""
+    registry = profiles if profiles is not None else CredentialProfiles.shared()
+    known = tuple(registry.profiles.values()) if named else ()
     return S3Destination(
         bucket=_required(spec, "bucket"),
         prefix=_optional(spec, "prefix") or "",
@@ -85,6 +90,8 @@ def _build_s3(spec: Mapping[str, Any], s3_client: S3Client | None) -> Destinatio
         connect_timeout=timeouts.connect,
         read_timeout=timeouts.read,
         max_attempts=timeouts.max_attempts,
+        credentials=named,
+        profiles=known,
         **({"multipart_threshold": int(threshold)} if threshold is not None else {}),
     )
 
@@ -123,8 +130,8 @@ def build_destination(spec: Mapping[str, Any], *, s3_client: S3Client | None = N
     unknown = sorted(set(spec) - _KNOWN_KEYS)
     if unknown:
         raise ValueError(f"{kind} destination: unknown keys {unknown} (known: {sorted(_KNOWN_KEYS)})")
-    if kind == "s3" and s3_client is None:
-        s3_client = _profiled_s3_client(spec, profiles)
+    if kind == "s3":
+        return _build_s3(spec, s3_client or _profiled_s3_client(spec, profiles), profiles)
     return builder(spec, s3_client)
 
 

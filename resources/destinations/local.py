@@ -32,13 +32,16 @@ import io
 import os
 import tempfile
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from resources.destinations.base import CASConflict, DestinationError, GetResult, ObjectInfo, PutResult
 from resources.durable_files import fsync_dir
+
+if TYPE_CHECKING:
+    from resources.destinations.local_multipart import LocalUpload
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -215,6 +218,41 @@ class LocalDestination:
             with contextlib.suppress(FileNotFoundError, IsADirectoryError), _key_lock(path):
                 os.unlink(path)
             self._prune(path.parent)
+
+    def begin_multipart(self, key: str) -> LocalUpload:
+        """An upload whose parts are staged under the root (the destination's own filesystem)."""
+        from resources.destinations.local_multipart import LocalUpload
+
+        return LocalUpload.begin(self, key)
+
+    def path(self, key: str) -> Path:
+        """The file that holds `key` (DestinationError for a key that could escape the root)."""
+        return self._path(key)
+
+    def put_assembled(self, key: str, fill: Callable[[int], None]) -> PutResult:
+        """`put`, but `fill(fd)` writes the temp file itself (e.g. with `copy_file_range` from files
+        already on this filesystem, so their bytes never pass through Python); then fsync, hash, rename."""
+        path, uri = self._path(key), self.uri(key)
+        with _os_errors("put", uri):
+            fd, tmp = self._open_temp(path.parent)
+        try:
+            with open(fd, "r+b", closefd=True) as out:
+                fill(out.fileno())
+                os.fchmod(out.fileno(), FILE_MODE)
+                os.fsync(out.fileno())
+                out.seek(0)
+                digest = hashlib.file_digest(out, "sha256")
+                size = os.fstat(out.fileno()).st_size
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(exc, OSError):
+                raise DestinationError(f"local put {uri} failed: {exc}") from exc
+            raise
+        staged = _Staged(tmp=tmp, size=size, revision=digest.hexdigest())
+        with self._cleanup_on_error(staged), _os_errors("put", uri), _key_lock(path):
+            self._commit(staged, path)
+        return PutResult(uri=uri, size=size, revision=staged.revision)
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -17,7 +17,8 @@ import contextlib
 import io
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 import boto3
@@ -26,16 +27,19 @@ from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionEr
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from resources.destinations.base import CASConflict, DestinationError, GetResult, ObjectInfo, PutResult
+from resources.destinations.multipart import MAX_PARTS, MIN_PART_SIZE, MiB
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
+    from botocore.credentials import ReadOnlyCredentials
     from botocore.response import StreamingBody
     from types_boto3_s3 import S3Client
     from types_boto3_s3.type_defs import CompletedPartTypeDef, GetObjectOutputTypeDef
 
-MiB = 1024 * 1024
-MIN_PART_SIZE = 5 * MiB  # S3's floor for every part but the last
-MAX_PARTS = 10_000  # S3's ceiling: with 8 MiB parts an artifact can be up to ~78 GiB
+    from resources.destinations.s3_multipart import S3Upload
+    from snapshot_assets.config import CredentialProfile
+
+__all__ = ["MAX_PARTS", "MIN_PART_SIZE", "MiB", "S3Connection", "S3Destination", "build_s3_client"]
 _BACKOFF_BASE = 0.05
 _BACKOFF_CAP = 2.0
 
@@ -131,6 +135,54 @@ def build_s3_client(
     return boto3.session.Session().client("s3", region_name=region, endpoint_url=endpoint_url, config=config)
 
 
+@dataclass(frozen=True, slots=True)
+class S3Connection:
+    """How a destination reaches its bucket, as plain picklable data: what a Spark task on another
+    host needs to build a client of its own.
+
+    It holds no secret. The task signs with what its own host provides: the ambient chain (its
+    environment, instance or pod role) or, when `credentials` names a profile, that profile (its
+    definition travels here: role ARN, external id, base), assumed again in the task's process.
+    """
+
+    region: str | None = None
+    endpoint_url: str | None = None
+    path_style: bool = False
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    max_attempts: int = 5
+    credentials: str = ""
+    profiles: tuple[CredentialProfile, ...] = ()
+
+    def client(self, component: str) -> S3Client:
+        """A new client; signed as the profile `credentials` when one is named (errors say `component`)."""
+        if not self.credentials:
+            return build_s3_client(self.region, self.endpoint_url, self.path_style,
+                                   connect_timeout=self.connect_timeout, read_timeout=self.read_timeout,
+                                   max_attempts=self.max_attempts)
+        from resources.aws_credentials import CredentialProfiles, Timeouts  # imports dagster: only when needed
+
+        registry = CredentialProfiles.shared({p.name: p for p in self.profiles})
+        timeouts = Timeouts(self.connect_timeout, self.read_timeout, self.max_attempts)
+        client: S3Client = registry.client("s3", self.credentials, component=component, region=self.region,
+                                           endpoint_url=self.endpoint_url, path_style=self.path_style,
+                                           timeouts=timeouts)
+        return client
+
+    def frozen_credentials(self) -> ReadOnlyCredentials | None:
+        """The credentials this connection signs with now, for an S3 client that is not boto3's (Arrow's);
+        None when the process has none (Arrow then tries its own default chain)."""
+        if self.credentials:
+            from resources.aws_credentials import CredentialProfiles
+
+            registry = CredentialProfiles.shared({p.name: p for p in self.profiles})
+            session = registry.session(self.credentials, component=f"s3 connection as {self.credentials!r}")
+        else:
+            session = boto3.session.Session()
+        credentials = session.get_credentials()
+        return None if credentials is None else credentials.get_frozen_credentials()
+
+
 class _BodyReader(io.RawIOBase):
     """A raw stream over a GetObject body whose transport errors surface as DestinationError."""
 
@@ -176,6 +228,8 @@ class S3Destination:
         read_timeout: float = 60.0,
         max_attempts: int = 5,
         cas_attempts: int = 6,
+        credentials: str = "",
+        profiles: Sequence[CredentialProfile] = (),
     ) -> None:
         if not bucket:
             raise ValueError("S3Destination needs a bucket")
@@ -190,14 +244,9 @@ class S3Destination:
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
         self.cas_attempts = cas_attempts
-        self._client = client or build_s3_client(
-            region,
-            endpoint_url,
-            path_style,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_attempts=max_attempts,
-        )
+        self.connection = S3Connection(region, endpoint_url, path_style, connect_timeout, read_timeout, max_attempts,
+                                       credentials, tuple(profiles))
+        self._client = client or self.connection.client(f"s3 destination s3://{bucket}/{prefix}")
 
     def __repr__(self) -> str:
         return f"S3Destination(bucket={self.bucket!r}, prefix={self.prefix!r}, name={self.name!r})"
@@ -256,6 +305,14 @@ class S3Destination:
     def delete(self, key: str) -> None:
         with self._errors("delete", key):
             self._client.delete_object(Bucket=self.bucket, Key=self._full(key))
+
+    def begin_multipart(self, key: str) -> S3Upload:
+        """CreateMultipartUpload for `key`; the handle rebuilds its client from `connection` in a task."""
+        from resources.destinations.s3_multipart import S3Upload
+
+        with self._errors("begin multipart", key):
+            upload_id = self._client.create_multipart_upload(Bucket=self.bucket, Key=self._full(key))["UploadId"]
+        return S3Upload(self.bucket, self.prefix, key, upload_id, self.connection, _client=self._client)
 
     # -- internals ----------------------------------------------------------------------------
 
