@@ -4,7 +4,9 @@
   (lines; length-delimited messages, no header or footer), so the parts are streamed in order
   through a chained reader into `Destination.put`: never more than one read buffer in memory,
   whatever the artifact's size. An artifact with no parts is an empty (zero-byte) object, which
-  is what both formats define as empty.
+  is what both formats define as empty. A snapshot built from the bucketed state also names byte
+  ranges of the previous snapshot object (`Reuse`: its untouched buckets): it is assembled as a
+  multipart upload (`_put_pieces`) whose reused ranges are copied on the destination itself.
 * parquet: the parts are uploaded as a folder `<key>/part-00000.parquet`, `part-00001...`
   (renumbered densely, empty parts skipped; the project's reader and Spark read a folder).
   An artifact with no rows still gets one valid, empty file so it stays readable. Parts left under
@@ -23,6 +25,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from resources.destinations.base import Destination
+from resources.destinations.multipart import (
+    Assembling,
+    CopyRange,
+    Fresh,
+    FreshSlice,
+    begin,
+    plan_parts,
+    write_planned,
+)
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.manifest import FormatRef
@@ -34,79 +45,34 @@ FOLDER_FORMATS = frozenset({"parquet"})
 _CHUNK = 1 << 20
 
 
-class _Source:
-    """An object of the destination read forward once; consecutive ranges are served in order."""
-
-    def __init__(self, stream: BinaryIO, key: str) -> None:
-        self.stream, self.key, self.at = stream, key, 0
-
-    def seek_forward(self, start: int) -> None:
-        if start < self.at:
-            raise RuntimeError(f"ranges of {self.key} must be read in increasing order ({start} < {self.at})")
-        while self.at < start:
-            skipped = self.stream.read(min(_CHUNK, start - self.at))
-            if not skipped:
-                raise RuntimeError(f"{self.key} ends at {self.at}, before byte {start}")
-            self.at += len(skipped)
-
-
 class ChainedReader(io.RawIOBase):
-    """A read-only stream over an artifact's pieces, one after another: staged files (each opened
-    only when reached) and byte ranges of objects already in `dest` (each object read forward once)."""
+    """A read-only stream over several files, one after another (each opened only when reached)."""
 
-    def __init__(self, pieces: Iterable[Path | Reuse], dest: Destination | None = None) -> None:
+    def __init__(self, paths: Iterable[Path]) -> None:
         super().__init__()
-        self._pieces = iter(pieces)
-        self._dest = dest
-        self._current: BinaryIO | None = None
-        self._left = -1  # bytes left in the current range (-1: a whole file)
-        self._sources: dict[str, _Source] = {}
+        self._paths = iter(paths)
+        self._current: io.BufferedReader | None = None
 
     def readable(self) -> bool:
         return True
 
-    def _next(self) -> bool:
-        piece = next(self._pieces, None)
-        if piece is None:
-            return False
-        if isinstance(piece, Path):
-            self._current, self._left = open(piece, "rb"), -1  # noqa: SIM115 - closed when exhausted or on close()
-            return True
-        if self._dest is None:
-            raise RuntimeError(f"a reused range of {piece.source_key} needs the destination it is copied from")
-        source = self._sources.get(piece.source_key)
-        if source is None:
-            source = self._sources[piece.source_key] = _Source(self._dest.open_read(piece.source_key), piece.source_key)
-        source.seek_forward(piece.start)
-        self._current, self._left = source.stream, piece.length
-        return True
-
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         while True:
-            if self._current is None and not self._next():
-                return 0
-            assert self._current is not None
-            view = buffer if self._left < 0 else buffer[: self._left]
-            n = self._current.readinto(view) if view.nbytes else 0  # type: ignore[attr-defined]
+            if self._current is None:
+                path = next(self._paths, None)
+                if path is None:
+                    return 0
+                self._current = open(path, "rb")  # noqa: SIM115 - closed when exhausted or on close()
+            n = self._current.readinto(buffer)
             if n:
-                if self._left >= 0:
-                    self._left -= n
-                    source = next(s for s in self._sources.values() if s.stream is self._current)
-                    source.at += n
                 return int(n)
-            if self._left > 0:
-                raise RuntimeError("a reused object ended before the range copied from it")
-            if self._left < 0:
-                self._current.close()
+            self._current.close()
             self._current = None
 
     def close(self) -> None:
-        if self._current is not None and self._left < 0:
+        if self._current is not None:
             self._current.close()
-        self._current = None
-        for source in self._sources.values():
-            source.stream.close()
-        self._sources.clear()
+            self._current = None
         super().close()
 
 
@@ -117,8 +83,55 @@ def artifact_key(key_prefix: str, built: BuiltArtifact, epoch: int, extension: s
     return keys.diff_key(key_prefix, epoch, built.from_position or "", built.to_position, extension)
 
 
+class _FileSlice(io.RawIOBase):
+    """Bytes [offset, offset + length) of a staged file, as a stream that closes its file."""
+
+    def __init__(self, path: Path, offset: int, length: int) -> None:
+        super().__init__()
+        self._file = open(path, "rb")  # noqa: SIM115 - closed in close()
+        self._file.seek(offset)
+        self._left = length
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")[: self._left]
+        n = self._file.readinto(view) if view.nbytes else 0
+        self._left -= n
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def _put_pieces(dest: Destination, key: str, staged: StagedFormat) -> tuple[str, int]:
+    """An object made of staged files and ranges of objects already on `dest`: a multipart upload
+    whose reused ranges are copied on the destination (S3 UploadPartCopy, local copy_file_range),
+    so the bytes of a re-base's untouched buckets never pass through this host."""
+    pieces = [Fresh(p.stat().st_size) if isinstance(p, Path) else CopyRange(p.source_key, p.start, p.length)
+              for p in staged.parts]
+    files = {i: p for i, p in enumerate(staged.parts) if isinstance(p, Path)}
+
+    def fresh(segment: FreshSlice) -> BinaryIO:
+        return io.BufferedReader(_FileSlice(files[segment.piece], segment.offset, segment.length))
+
+    upload = begin(dest, key)
+    with Assembling(upload) as assembling:
+        plan = plan_parts(pieces)
+        for part in plan:
+            write_planned(upload, part, fresh)
+        result = assembling.complete([part.number for part in plan])
+    if result.size != staged.bytes:
+        raise RuntimeError(f"{dest.uri(key)}: wrote {result.size} bytes, the pieces hold {staged.bytes}")
+    return result.uri, result.size
+
+
 def _put_concatenated(dest: Destination, key: str, staged: StagedFormat) -> tuple[str, int]:
-    with io.BufferedReader(ChainedReader(staged.parts, dest), buffer_size=_CHUNK) as stream:
+    if any(isinstance(p, Reuse) for p in staged.parts):
+        return _put_pieces(dest, key, staged)
+    with io.BufferedReader(ChainedReader(staged.files()), buffer_size=_CHUNK) as stream:
         result = dest.put(key, stream)
     if result.size != staged.bytes:
         raise RuntimeError(f"{dest.uri(key)}: wrote {result.size} bytes, the parts hold {staged.bytes}")
