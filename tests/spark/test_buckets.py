@@ -7,6 +7,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,7 @@ from resources.subscribers.events import (
 )
 from snapshot_assets.archive.changes import Action
 from snapshot_assets.archive.formats import FORMATS
+from snapshot_assets.archive.keys import snapshot_key
 from snapshot_assets.archive.positions import format_lsn
 from snapshot_assets.spark.assemble import assemble
 from snapshot_assets.spark.bases import BufferSnapshotBase, LayeredBase
@@ -219,3 +221,39 @@ def test_rows_of_some_keys_come_from_their_buckets_only(spark: Any, tmp_path: Pa
     read = {f.rsplit("/", 1)[-1] for f in got.inputFiles()}
     files = {b.path.rsplit("/", 1)[-1] for b in state.buckets if b.path}
     assert 0 < len(read) <= 3 < len(files) and read <= files  # only the buckets of the wanted keys are scanned
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_an_s3_rebase_copies_the_untouched_buckets_server_side(spark: Any, tmp_path: Path, s3_bucket: str,
+                                                              moto_server: str) -> None:
+    """On S3 the untouched buckets' bytes become UploadPartCopy parts of the new object (ranges of at
+    least 5 MiB); the object equals the single-process writer's bytes for the table."""
+    from resources.destinations.multipart import CopyRange, Fresh, plan_parts
+    from resources.destinations.s3 import S3Destination
+
+    initial = 100_000
+    recent = [(Action.UPDATE, i) for i in range(initial - 300, initial)] + \
+             [(Action.INSERT, i) for i in range(initial, initial + 200)]
+    reader, positions = buffer_with(tmp_path / "buffer", initial, [recent])
+    dest = S3Destination(s3_bucket, endpoint_url=moto_server, path_style=True)
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
+                           BYTE_FORMATS, tmp_path / "s1", tmp_path / "state" / "epoch=1", bucket_bytes=512 * 1024)
+    assemble(first, [dest], "t/", 1)
+    previous = {fid: snapshot_key("t/", 1, positions[0], FORMATS[fid].extension) for fid in BYTE_FORMATS}
+    second = build_snapshot(spark, first.details["state"], reader.segments(positions[0], positions[1]), positions[1],
+                            KEYS, BYTE_FORMATS, tmp_path / "s2", tmp_path / "state" / "epoch=2",
+                            previous_keys=previous, bucket_bytes=512 * 1024)
+    assert second.details["rewritten"] <= 2
+    for fid in BYTE_FORMATS:
+        pieces = [CopyRange(p.source_key, p.start, p.length) if isinstance(p, Reuse) else Fresh(p.stat().st_size)
+                  for p in second.formats[fid].parts]
+        assert any(part.copy is not None for part in plan_parts(pieces)), (fid, second.formats[fid].parts)
+    refs = assemble(second, [dest], "t/", 2)
+    table = {i: row(i) for i in range(initial)}
+    table.update({i: row(i, 1) for _, i in recent})
+    for fid in BYTE_FORMATS:
+        got = dest.get(refs[fid].uri.split(f"s3://{s3_bucket}/", 1)[1])
+        assert got is not None and got.data == expected_bytes(fid, table), fid
