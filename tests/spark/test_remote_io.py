@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -30,7 +31,8 @@ from snapshot_assets.spark.remote_io import (
     read_parquet,
     write_parquet,
 )
-from tests.spark.cluster import SparkCluster
+from tests.aws.conftest import Moto, start_moto
+from tests.spark.cluster import EXECUTOR_ACCESS_KEY, SparkCluster
 
 # The tasks run this module's functions; executors import only the shipped project, so ship these by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -202,16 +204,45 @@ def test_cluster_tasks_run_on_both_workers_importing_the_shipped_code(spark_clus
     assert all(".zip" in row["code"] and not row["code"].startswith(str(project)) for row in rows)
 
 
+def _signed(moto: Moto) -> list[tuple[str, str, str, bool]]:
+    """(method, path, access key, is a copy) of every request the endpoint recorded."""
+    out = []
+    for line in moto.recording.read_text().splitlines():
+        request = json.loads(line)
+        auth = request["headers"].get("Authorization", "")
+        key = auth.split("Credential=", 1)[1].split("/")[0] if "Credential=" in auth else ""
+        copy = any(name.lower() == "x-amz-copy-source" for name in request["headers"])
+        out.append((request["method"], str(request["url"]), key, copy))
+    return out
+
+
 def test_cluster_tasks_write_parts_into_s3_and_the_object_equals_the_local_runs(
-        spark_cluster: SparkCluster, cluster_spark: Any, spark: Any, s3_dest: S3Destination, tmp_path: Path) -> None:
-    key = "t/epoch=1/snapshot-0_1.jsonl"
-    remote = assemble_object(_rows_df(cluster_spark), s3_dest, key, encode_jsonl)
+        spark_cluster: SparkCluster, cluster_spark: Any, spark: Any, tmp_path: Path) -> None:
+    """Each share is over 10 MiB: its task stages the first 5 MiB and sends the rest as a part itself; the
+    driver only copies the staged heads inside S3. The endpoint's record says who sent what."""
+    moto = start_moto(tmp_path, record=True)
+    try:
+        boto3.client("s3", endpoint_url=moto.url).create_bucket(Bucket="archive")
+        s3_dest = S3Destination("archive", endpoint_url=moto.url, path_style=True)
+        moto.recording.write_text("")
+        key, rows = "t/epoch=1/snapshot-0_1.jsonl", 80_000
+        remote = assemble_object(_rows_df(cluster_spark, per_partition=rows), s3_dest, key, encode_jsonl)
+        record = _signed(moto)
+        on_s3 = s3_dest.get(key)
+    finally:
+        moto.stop()
     local_dest = LocalDestination(tmp_path / "archive")
-    assemble_object(_rows_df(spark), local_dest, key, encode_jsonl)
-    on_s3, on_disk = s3_dest.get(key), local_dest.get(key)
+    assemble_object(_rows_df(spark, per_partition=rows), local_dest, key, encode_jsonl)
+    on_disk = local_dest.get(key)
     assert on_s3 is not None and on_disk is not None
-    assert on_s3.data == on_disk.data == _single_process_jsonl(PARTITIONS * ROWS_PER_PARTITION)
-    assert remote.size == len(on_s3.data) > (PARTITIONS - 1) * 5 * MiB
+    assert on_s3.data == on_disk.data == _single_process_jsonl(PARTITIONS * rows)
+    assert remote.size == len(on_s3.data) > PARTITIONS * 10 * MiB
+
+    parts = [(key_id, copy) for method, url, key_id, copy in record if method == "PUT" and "partNumber=" in url]
+    staged = [key_id for method, url, key_id, _ in record if method == "PUT" and ".parts-" in url]
+    assert sorted(parts) == [(EXECUTOR_ACCESS_KEY, False)] * PARTITIONS + [("testing", True)] * PARTITIONS
+    assert staged == [EXECUTOR_ACCESS_KEY] * PARTITIONS  # the heads, staged by the tasks too
+    assert not [url for method, url, *_ in record if method == "GET" and ".parts-" in url and "list-type" not in url]
 
 
 def test_cluster_tasks_write_and_read_a_parquet_dataset_on_s3(cluster_spark: Any, s3_dest: S3Destination) -> None:
