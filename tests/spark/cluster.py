@@ -235,3 +235,11 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory, aws_test_credentials
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_spark(spark_cluster: SparkCluster) -> Iterator[Any]:
+    """A Spark Connect session on the standalone cluster, the project's code shipped to its executors."""
+    session = spark_cluster.session()
+    yield session
+    session.stop()
