@@ -77,8 +77,7 @@ def _build_s3(spec: Mapping[str, Any], s3_client: S3Client | None,
     threshold = _optional(spec, "multipart_threshold")
     # Recorded so a multipart upload can sign the same way in a Spark task on another host.
     named = _optional(spec, "credentials") or ""
-    registry = profiles if profiles is not None else CredentialProfiles.shared()
-    known = tuple(registry.profiles.values()) if named else ()
+    known = tuple((profiles or CredentialProfiles.shared()).profiles.values()) if named else ()
     return S3Destination(
         bucket=_required(spec, "bucket"),
         prefix=_optional(spec, "prefix") or "",

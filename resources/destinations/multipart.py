@@ -126,7 +126,7 @@ def begin(dest: Destination, key: str) -> MultipartUpload:
 
 
 class Assembling:
-    """`with Assembling(upload) as up:` aborts the upload when the block fails before it completed."""
+    """`with Assembling(upload) as job: ... job.complete(numbers)` aborts the upload if the block fails first."""
 
     def __init__(self, upload: MultipartUpload) -> None:
         self.upload = upload

@@ -39,6 +39,9 @@ STOP_TIMEOUT_S = 60.0
 WORKER_MEMORY = "1g"
 EXECUTOR_MEMORY = "640m"
 DAEMON = {"SPARK_DAEMON_MEMORY": "256m"}  # the heap of the master and worker JVMs (they only coordinate)
+#: The access key the workers' hosts sign with (their ambient credentials; the driver has its own),
+#: so an S3 endpoint's record tells which requests the executors made.
+EXECUTOR_ACCESS_KEY = "executor-host"
 #: The Connect server's settings: the driver binds to loopback, one 1-core executor per worker.
 CONNECT_CONF: Mapping[str, str] = {
     "spark.driver.host": "127.0.0.1",
@@ -209,7 +212,7 @@ def start_cluster(root: Path, workers: int = 2) -> SparkCluster:
             _spawn(cluster, f"worker-{i}", [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                                             "--webui-port", str(_free_port()), "--cores", "1", "--memory",
                                             WORKER_MEMORY, "--work-dir", str(work), cluster.master_url],
-                   {**DAEMON, "SPARK_WORKER_DIR": str(work)})
+                   {**DAEMON, "SPARK_WORKER_DIR": str(work), "AWS_ACCESS_KEY_ID": EXECUTOR_ACCESS_KEY})
         command = server_command(connect_port, CONNECT_CONF, master=cluster.master_url)
         _spawn(cluster, "connect", command, {"SPARK_CONNECT_AUTHENTICATE_TOKEN": token})
         _wait(f"{workers} workers", lambda: cluster.alive_workers() == workers, cluster.processes, cluster.logs)
@@ -232,3 +235,11 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory, aws_test_credentials
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_spark(spark_cluster: SparkCluster) -> Iterator[Any]:
+    """A Spark Connect session on the standalone cluster, the project's code shipped to its executors."""
+    session = spark_cluster.session()
+    yield session
+    session.stop()

@@ -25,7 +25,7 @@ from snapshot_assets.spark.effects import buffer_change
 from snapshot_assets.spark.parts import StagedFormat
 from snapshot_assets.spark.session import LOCAL_DEFAULTS, classic_session
 from tests.buffer.helpers import read_refs
-from tests.spark.cluster import spark_cluster  # noqa: F401 - the standalone-cluster fixture (tests/spark/cluster.py)
+from tests.spark.cluster import cluster_spark, spark_cluster  # noqa: F401 - standalone-cluster fixtures (cluster.py)
 
 TABLE = "public.users"
 ALL_FORMATS = ("jsonl", "protobuf", "parquet")

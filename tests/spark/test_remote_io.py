@@ -1,32 +1,27 @@
-"""remote_io: datasets and objects on S3 (moto_server) written and read by Spark tasks.
+"""remote_io: parquet datasets on S3 (moto_server) written and read by Spark tasks.
 
 The local tests run on the suite's classic local[2] session; the cluster tests on a standalone
 cluster (tests/spark/cluster.py) whose processes share no disk with the driver or each other, only
-the S3 endpoint: there the object the workers' tasks assemble must equal, byte for byte, what the
-local runtime produces, and the datasets they write must read back whole.
+the S3 endpoint: its tasks run on both workers with the code the session shipped, and the datasets
+they write read back whole.
 """
 
 from __future__ import annotations
 
-import functools
-import io
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark import cloudpickle
 
-from resources.destinations.local import LocalDestination
-from resources.destinations.s3 import MiB, S3Destination
+from resources.destinations.s3 import S3Destination
 from snapshot_assets.spark.remote_io import (
     RemoteIOError,
     arrow_s3,
-    assemble_object,
     read_parquet,
     write_parquet,
 )
@@ -36,37 +31,7 @@ from tests.spark.cluster import SparkCluster
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]  # Spark jobs: seconds each, the cluster tens
-ROWS_PER_PARTITION = 42_000  # ~6 MiB of jsonl per partition: every part but the last clears S3's 5 MiB
-PARTITIONS = 3
 DATASET_ROWS = 20_000
-
-
-def _rows_df(spark: Any, partitions: int = PARTITIONS, per_partition: int = ROWS_PER_PARTITION) -> Any:
-    """Rows in id order, partition p holding the p-th contiguous id range."""
-    return spark.range(0, partitions * per_partition, 1, partitions).selectExpr(
-        "id", "concat('user-', id) AS name", "repeat(chr(97 + id % 26), 96) AS pad")
-
-
-def _row(i: int) -> dict[str, Any]:
-    return {"id": i, "name": f"user-{i}", "pad": chr(97 + i % 26) * 96}
-
-
-def encode_jsonl(batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
-    """The project's jsonl snapshot writer over a task's rows, one chunk per batch."""
-    from snapshot_assets.archive.formats import get_format
-
-    for batch in batches:
-        out = io.BytesIO()
-        writer = get_format("jsonl").snapshot_writer(out, ("id",))
-        for row in batch.to_pylist():
-            writer.write(row)
-        writer.close()
-        yield out.getvalue()
-
-
-def _single_process_jsonl(count: int) -> bytes:
-    """What one process writes for the same rows: the oracle."""
-    return b"".join(encode_jsonl([pa.RecordBatch.from_pylist([_row(i) for i in range(count)])]))
 
 
 def _dataset_df(spark: Any, partitions: int = 4) -> Any:
@@ -125,53 +90,6 @@ def test_reading_a_folder_without_parquet_files_names_it(spark: Any, s3_dest: S3
         read_parquet(spark, f"s3://{s3_dest.bucket}/nothing/", s3=s3_dest.connection)
 
 
-def test_tasks_assemble_one_object_from_their_parts(spark: Any, s3_dest: S3Destination, tmp_path: Path) -> None:
-    expected = _single_process_jsonl(PARTITIONS * ROWS_PER_PARTITION)
-    for dest in (s3_dest, LocalDestination(tmp_path / "archive")):
-        result = assemble_object(_rows_df(spark), dest, "t/epoch=1/snapshot.jsonl", encode_jsonl)
-        got = dest.get("t/epoch=1/snapshot.jsonl")
-        assert got is not None and got.data == expected and result.size == len(expected)
-
-
-def _uneven_df(spark: Any, sizes: list[int]) -> Any:
-    """One partition per entry of `sizes` (rows), ids contiguous in partition order."""
-    frames, start = [], 0
-    for size in sizes:
-        frames.append(spark.range(start, start + size, 1, 1))
-        start += size
-    union = functools.reduce(lambda a, b: a.union(b), frames)
-    return union.selectExpr("id", "concat('user-', id) AS name", "repeat(chr(97 + id % 26), 96) AS pad")
-
-
-@pytest.mark.parametrize("sizes", [
-    [100, 42_000, 3, 90_000, 50, 0, 30],  # tiny shares between a 6 MiB one and a 13 MiB one (head + body)
-    [90_000, 10, 90_000],  # a share too small for a part between two big ones
-    [5, 0, 7],  # nothing reaches 5 MiB
-    [0, 0],  # no rows: an empty object
-])
-def test_partitions_of_any_size_assemble_and_leave_nothing_behind(spark: Any, s3_dest: S3Destination,
-                                                                   sizes: list[int]) -> None:
-    result = assemble_object(_uneven_df(spark, sizes), s3_dest, "t/uneven.jsonl", encode_jsonl)
-    got = s3_dest.get("t/uneven.jsonl")
-    assert got is not None and got.data == _single_process_jsonl(sum(sizes)) and result.size == len(got.data)
-    assert [info.key for info in s3_dest.list("")] == ["t/uneven.jsonl"]  # staged pieces gone
-    client = boto3.client("s3", endpoint_url=s3_dest.endpoint_url)
-    assert client.list_multipart_uploads(Bucket=s3_dest.bucket).get("Uploads", []) == []
-
-
-def failing_encoder(batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
-    yield from encode_jsonl(batches)
-    raise ValueError("cannot encode this row")
-
-
-def test_a_failing_task_drops_the_upload_and_its_staged_pieces(spark: Any, s3_dest: S3Destination) -> None:
-    with pytest.raises(Exception, match="cannot encode this row"):
-        assemble_object(_rows_df(spark, per_partition=10), s3_dest, "t/failed.jsonl", failing_encoder)
-    assert list(s3_dest.list("")) == []
-    client = boto3.client("s3", endpoint_url=s3_dest.endpoint_url)
-    assert client.list_multipart_uploads(Bucket=s3_dest.bucket).get("Uploads", []) == []
-
-
 # -- on a standalone cluster: nothing shared but S3 -------------------------------------------------------
 
 
@@ -185,13 +103,6 @@ def where_am_i(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                                           "code": [snapshot_assets.__file__] * batch.num_rows})
 
 
-@pytest.fixture(scope="module")
-def cluster_spark(spark_cluster: SparkCluster) -> Iterator[Any]:
-    session = spark_cluster.session()
-    yield session
-    session.stop()
-
-
 def test_cluster_tasks_run_on_both_workers_importing_the_shipped_code(spark_cluster: SparkCluster,
                                                                       cluster_spark: Any) -> None:
     rows = cluster_spark.range(0, 64, 1, 8).mapInArrow(where_am_i, "cwd STRING, code STRING").collect()
@@ -200,18 +111,6 @@ def test_cluster_tasks_run_on_both_workers_importing_the_shipped_code(spark_clus
     assert used == {0, 1}, spark_cluster.diagnostics()
     project = Path(__file__).resolve().parents[2]
     assert all(".zip" in row["code"] and not row["code"].startswith(str(project)) for row in rows)
-
-
-def test_cluster_tasks_write_parts_into_s3_and_the_object_equals_the_local_runs(
-        spark_cluster: SparkCluster, cluster_spark: Any, spark: Any, s3_dest: S3Destination, tmp_path: Path) -> None:
-    key = "t/epoch=1/snapshot-0_1.jsonl"
-    remote = assemble_object(_rows_df(cluster_spark), s3_dest, key, encode_jsonl)
-    local_dest = LocalDestination(tmp_path / "archive")
-    assemble_object(_rows_df(spark), local_dest, key, encode_jsonl)
-    on_s3, on_disk = s3_dest.get(key), local_dest.get(key)
-    assert on_s3 is not None and on_disk is not None
-    assert on_s3.data == on_disk.data == _single_process_jsonl(PARTITIONS * ROWS_PER_PARTITION)
-    assert remote.size == len(on_s3.data) > (PARTITIONS - 1) * 5 * MiB
 
 
 def test_cluster_tasks_write_and_read_a_parquet_dataset_on_s3(cluster_spark: Any, s3_dest: S3Destination) -> None:
