@@ -324,6 +324,11 @@ class ProfiledS3Resource(S3Resource):
     path_style: bool = False
     config_file: str = ""
 
+    def get_object_to_set_on_execution_context(self) -> Any:
+        """The resource itself (S3Resource hands out a client): the `destinations` resource nests this one
+        and asks it for one client per destination."""
+        return self
+
     def get_client(self) -> Any:
         registry = CredentialProfiles.shared(load_config(self.config_file or None).credentials)
         return self.destination_client(registry, component="the s3 resource",

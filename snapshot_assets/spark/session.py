@@ -154,7 +154,8 @@ def plan_spark(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR,
     """Where the session goes (see the module docstring), starting the local Connect server when it is the one."""
     named = {"spark.app.name": app_name}
     if config.remote:
-        return SparkPlan({**named, **config.conf, "spark.remote": config.remote}, "connect", config.remote)
+        return SparkPlan({**named, **_session_level(config.conf), "spark.remote": config.remote}, "connect",
+                         config.remote)
     if config.master:
         base = LOCAL_DEFAULTS if config.master.startswith("local") else {}
         return SparkPlan({**named, **base, **config.conf, "spark.master": config.master}, "classic", config.master)
@@ -164,7 +165,12 @@ def plan_spark(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR,
     except (ConnectServerError, OSError) as exc:
         return _fallback(config, app_name, f"local Spark Connect server unavailable ({exc})")
     note = f"{'started' if started_now else 'reused'} local server pid {info.pid} port {info.port}"
-    return SparkPlan({**named, **conf, "spark.remote": info.url}, "connect-local", note)
+    return SparkPlan({**named, **_session_level(conf), "spark.remote": info.url}, "connect-local", note)
+
+
+def _session_level(conf: Mapping[str, str]) -> dict[str, str]:
+    """The settings a Connect session can take (static ones belong to the server's command line)."""
+    return {k: v for k, v in conf.items() if not _is_static(k)}
 
 
 def _fallback(config: SparkConfig, app_name: str, why: str) -> SparkPlan:
