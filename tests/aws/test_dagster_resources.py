@@ -154,9 +154,26 @@ class _ManifestLandsThenFails:
         return self.inner.uri(key)
 
 
+class _ManifestRefused(_ManifestLandsThenFails):
+    """A real destination whose manifest writes fail before anything is sent."""
+
+    def put_if(self, key: str, data: bytes, expected_revision: str | None) -> str:
+        raise DestinationError(f"{self.name}: manifest write {key}: endpoint unreachable")
+
+
 class _AmbiguousManifestWrites(DestinationsResource):
     def for_table(self, table: TableConfig, profiles: CredentialProfiles) -> list[Destination]:
         return [_ManifestLandsThenFails(d) for d in super().for_table(table, profiles)]
+
+
+class _RefusedManifestWrites(DestinationsResource):
+    def for_table(self, table: TableConfig, profiles: CredentialProfiles) -> list[Destination]:
+        return [_ManifestRefused(d) for d in super().for_table(table, profiles)]
+
+
+def snapshot_job_of_the_code_location() -> dg.JobDefinition:
+    """The snapshot job on the registered resources, loadable by reference (what re-execution needs)."""
+    return _defs().resolve_job_def("snapshot_job")
 
 
 def test_definitions_register_the_resources_the_assets_and_jobs_use() -> None:
@@ -224,3 +241,24 @@ def test_an_ambiguous_manifest_write_is_settled_once_by_the_next_run(location: L
     observed = [e for e in settling.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     assert len(observed) == 1 and observed[0].asset_key == MANIFEST
     assert unsettled(loc.instance, TABLE, BUILT, MANIFEST) is None
+
+
+def test_a_run_that_failed_at_its_manifest_is_re_executed_from_failure(location: Location) -> None:
+    """Only the manifest step runs again, in another run: it commits the artifact the failed run built."""
+    loc = location
+    _ingest(loc, 20)
+    shared = resources()["s3"]
+    failed = _run(loc, _defs(s3=shared, destinations=_RefusedManifestWrites(s3=shared)), "snapshot_job", ok=False)
+    built = _built(failed, "snapshot")[ARTIFACT]
+    with pytest.raises(Exception, match="NoSuchKey"):
+        loc.manifest()
+
+    options = dg.ReexecutionOptions.from_failure(failed.run_id, loc.instance)
+    config = {**loc.run_config(), "execution": {"config": {"in_process": {}}}}
+    with dg.execute_job(dg.reconstructable(snapshot_job_of_the_code_location), loc.instance, run_config=config,
+                        reexecution_options=options, tags={"dagster/partition": TABLE}) as again:
+        assert again.success
+        steps = {e.step_key for e in again.all_events if e.event_type_value == "STEP_START"}
+        assert steps == {"manifest"}
+    assert loc.manifest()["artifacts"] == [built]
+    assert loc.events == [f"{TABLE}:snapshot:{built['to_position']}"]
