@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
-from dagster._core.errors import DagsterInvariantViolationError
 
 from snapshot_assets.archive.manifest import Artifact, load_artifact
 
@@ -61,7 +60,7 @@ class ArtifactIOManager(dg.ConfigurableIOManager):
         upstream = context.upstream_output
         try:
             run_id = upstream.run_id if upstream is not None else None
-        except DagsterInvariantViolationError:  # the upstream asset is not part of this run
+        except dg.DagsterInvariantViolationError:  # the upstream asset is not part of this run
             run_id = None
         if run_id is None:
             return None

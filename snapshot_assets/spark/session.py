@@ -106,7 +106,7 @@ def _is_static(key: str) -> bool:
 def _apply_runtime_conf(spark: Any, conf: Mapping[str, str]) -> None:
     """Set session-level settings on a Connect session; refused (static) ones are logged, not fatal."""
     for key, value in conf.items():
-        if _is_static(key) or key in ("spark.remote", "spark.app.name"):
+        if _is_static(key):
             continue
         try:
             spark.conf.set(key, value)
@@ -152,10 +152,9 @@ def session_from_settings(settings: Mapping[str, str]) -> Any:
 def plan_spark(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR,
                app_name: str = "snapshotter") -> SparkPlan:
     """Where the session goes (see the module docstring), starting the local Connect server when it is the one."""
-    named = {"spark.app.name": app_name}
     if config.remote:
-        return SparkPlan({**named, **_session_level(config.conf), "spark.remote": config.remote}, "connect",
-                         config.remote)
+        return SparkPlan({**_session_level(config.conf), "spark.remote": config.remote}, "connect", config.remote)
+    named = {"spark.app.name": app_name}
     if config.master:
         base = LOCAL_DEFAULTS if config.master.startswith("local") else {}
         return SparkPlan({**named, **base, **config.conf, "spark.master": config.master}, "classic", config.master)
@@ -165,7 +164,7 @@ def plan_spark(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR,
     except (ConnectServerError, OSError) as exc:
         return _fallback(config, app_name, f"local Spark Connect server unavailable ({exc})")
     note = f"{'started' if started_now else 'reused'} local server pid {info.pid} port {info.port}"
-    return SparkPlan({**named, **_session_level(conf), "spark.remote": info.url}, "connect-local", note)
+    return SparkPlan({**_session_level(conf), "spark.remote": info.url}, "connect-local", note)
 
 
 def _session_level(conf: Mapping[str, str]) -> dict[str, str]:

@@ -17,15 +17,13 @@ sent once) and records that, so no later run settles it again.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import dagster as dg
 import pytest
-from dagster_aws.s3 import S3Resource
-from dagster_pyspark import PySparkResource
 
 from resources.aws_credentials import CredentialProfiles
 from resources.destinations.base import Destination, DestinationError, GetResult, ObjectInfo, PutResult
@@ -174,23 +172,6 @@ class _RefusedManifestWrites(DestinationsResource):
 def snapshot_job_of_the_code_location() -> dg.JobDefinition:
     """The snapshot job on the registered resources, loadable by reference (what re-execution needs)."""
     return _defs().resolve_job_def("snapshot_job")
-
-
-def test_definitions_register_the_resources_the_assets_and_jobs_use() -> None:
-    from snapshot_assets.definitions import defs
-
-    registered: Mapping[str, Any] = defs.resources or {}
-    assert isinstance(registered["spark"], PySparkResource)
-    assert {"spark", "s3", "destinations", "event_sinks", "subscribers", "change_buffers",
-            "artifact_io_manager"} <= set(registered)
-    repo = defs.get_repository_def()
-    needs = {key: set(repo.assets_defs_by_key[dg.AssetKey(key)].required_resource_keys)
-             for key in ("snapshot", "diff", "manifest")}
-    assert {"spark", "destinations", "event_sinks", "artifact_io_manager"} <= needs["snapshot"] & needs["diff"]
-    assert {"destinations", "event_sinks"} <= needs["manifest"]
-    ingest = repo.get_job("ingest_job")
-    assert {"subscribers", "change_buffers"} <= ingest.get_required_resource_defs().keys()
-    assert issubclass(registered["s3"].resource_cls, S3Resource)  # configured at launch: a PartialResource
 
 
 def test_runs_use_the_registered_resources_and_hand_the_artifact_over_through_dagster(location: Location) -> None:
