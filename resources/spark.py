@@ -6,8 +6,9 @@ gives them. With neither, the resource starts (or reuses) the local Spark Connec
 hands its `sc://` URL to the same builder; when that server cannot start, a classic `local[2]`
 session. The choice is `snapshot_assets.spark.session.plan_spark`, shared with the CLI tools; the
 session itself comes from dagster-pyspark's `spark_session_from_config`, whose generic pyspark
-builder opens a Connect session when `spark.remote` is set. The session is opened when a step
-that needs it starts and stopped when the step ends (a local Connect server keeps running).
+builder opens a Connect session when `spark.remote` is set. The session is opened when the
+resource is set up for a step that needs it (each step process under the multiprocess executor,
+once per in-process run) and stopped at its teardown; a local Connect server keeps running.
 """
 
 from __future__ import annotations
