@@ -31,7 +31,7 @@ def artifact_metadata(art: Artifact) -> dict[str, dg.MetadataValue]:
     return {ARTIFACT: dg.MetadataValue.json(art.to_json())}
 
 
-def _artifact_of(record: Any, source: str) -> Artifact | None:
+def _artifact_of(record: dg.EventLogRecord, source: str) -> Artifact | None:
     """The artifact a materialization record carries (None for one written before the hand-off existed)."""
     materialization = record.asset_materialization
     entry = materialization.metadata.get(ARTIFACT) if materialization is not None else None
@@ -67,7 +67,7 @@ class ArtifactIOManager(dg.ConfigurableIOManager):
         return built_in_run(context.instance, run_id, context.asset_key, context.asset_partition_key)
 
 
-def _latest(fetch: Any, key: dg.AssetKey, partition: str) -> Any:
+def _latest(fetch: Any, key: dg.AssetKey, partition: str) -> dg.EventLogRecord | None:
     records = fetch(dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1).records
     return records[0] if records else None
 
