@@ -36,7 +36,8 @@ from snapshot_assets.archive.formats import FORMATS  # noqa: E402
 from snapshot_assets.archive.keys import laredo_row_key  # noqa: E402
 from snapshot_assets.archive.positions import compare_sequence  # noqa: E402
 from snapshot_assets.archive.reader import ArchiveReader  # noqa: E402
-from snapshot_assets.archive.writer import ArtifactWriter, ManifestStore  # noqa: E402
+from snapshot_assets.archive.writer import ArtifactWriter  # noqa: E402
+from snapshot_assets.pipeline.commit import commit_artifact  # noqa: E402
 
 SECTION = "## Formats: encode, decode and Python-path reconstruction"
 
@@ -114,11 +115,10 @@ def bench_reconstruct(fid: str, rows: list[Row], n_diffs: int, per_diff: int) ->
     with tempfile.TemporaryDirectory() as tmp:
         dest = LocalDestination(tmp)
         writer = ArtifactWriter([dest], "t/", snapshot_formats=[fid], diff_formats=[fid])
-        store = ManifestStore([dest], "t/", "public.t")
-        m = store.load().with_artifact(writer.write_snapshot(1, "1", rows))
+        commit_artifact([dest], "t/", "public.t", writer.write_snapshot(1, "1", rows), cmp=compare_sequence)
         for d in range(n_diffs):
-            m = m.with_artifact(writer.write_diff(1, str(d + 1), str(d + 2), changes(rows, per_diff, d)))
-        store.commit(m)
+            diff = writer.write_diff(1, str(d + 1), str(d + 2), changes(rows, per_diff, d))
+            commit_artifact([dest], "t/", "public.t", diff, cmp=compare_sequence)
         reader = ArchiveReader(dest, "t/", cmp=compare_sequence)
         t, rec = timed(reader.reconstruct_as_of)
         assert rec is not None and len(rec.rows) == len(rows)  # type: ignore[attr-defined]

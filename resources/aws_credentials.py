@@ -312,17 +312,32 @@ class AwsCredentialsResource(dg.ConfigurableResource):  # type: ignore[type-arg]
 class ProfiledS3Resource(S3Resource):
     """dagster-aws's S3Resource, signed as a snapshotter credentials profile instead of static keys.
 
-    Drop-in for code that expects `S3Resource.get_client()`; `credentials` names the profile
-    ("" = ambient). The parent's `profile_name` and static key fields are ignored (the profile decides);
-    region, endpoint, max_attempts carry over, `path_style` is added for S3-compatible stores.
+    Registered in the code location's Definitions as `s3`: every S3 destination's client is made
+    here (`destination_client`), so the resource's settings are the code location's S3 defaults
+    (an S3-compatible endpoint, its region, path-style addressing, the profile) and a destination
+    spec's own keys override them. Drop-in for code that expects `S3Resource.get_client()`;
+    `credentials` names the profile ("" = ambient). The parent's `profile_name` and static key
+    fields are ignored (the profile decides); region, endpoint, max_attempts carry over.
     """
 
     credentials: str = ""
     path_style: bool = False
     config_file: str = ""
 
+    def get_object_to_set_on_execution_context(self) -> Any:
+        """The resource itself (S3Resource hands out a client): the `destinations` resource nests this one
+        and asks it for one client per destination."""
+        return self
+
     def get_client(self) -> Any:
         registry = CredentialProfiles.shared(load_config(self.config_file or None).credentials)
-        timeouts = replace(S3_TIMEOUTS, max_attempts=self.max_attempts)
-        return registry.client("s3", self.credentials or None, component="the s3 resource", region=self.region_name,
-                               endpoint_url=self.endpoint_url, path_style=self.path_style, timeouts=timeouts)
+        return self.destination_client(registry, component="the s3 resource",
+                                       timeouts=replace(S3_TIMEOUTS, max_attempts=self.max_attempts))
+
+    def destination_client(self, profiles: CredentialProfiles, *, component: str, timeouts: Timeouts,
+                           credentials: str | None = None, region: str | None = None,
+                           endpoint_url: str | None = None, path_style: bool | None = None) -> Any:
+        """An S3 client for one destination: its own settings where given (not None), else this resource's."""
+        return profiles.client("s3", credentials or self.credentials or None, component=component,
+                               region=region or self.region_name, endpoint_url=endpoint_url or self.endpoint_url,
+                               path_style=self.path_style if path_style is None else path_style, timeouts=timeouts)

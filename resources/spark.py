@@ -1,39 +1,62 @@
-"""The Spark resource the artifact assets use: one session per run process, opened on first use.
+"""The Spark resource of the artifact assets: dagster-pyspark's PySparkResource, pointed by the runtime chooser.
 
-A local Spark Connect server is the default runtime (a warm JVM shared by every run; see
-snapshot_assets/spark/session.py); `remote` or `master` point at a cluster. dagster-pyspark's
-PySparkResource only builds classic sessions, so this resource wraps the project's runtime
-chooser instead, and exposes the same `spark_session` attribute name.
+`spark_config` is PySparkResource's own field: the builder's settings, `spark.remote` (a Spark
+Connect server or cluster) or `spark.master` among them, as the configuration's `spark` block
+gives them. With neither, the resource starts (or reuses) the local Spark Connect server first and
+hands its `sc://` URL to the same builder; when that server cannot start, a classic `local[2]`
+session. The choice is `snapshot_assets.spark.session.plan_spark`, shared with the CLI tools; the
+session itself comes from dagster-pyspark's `spark_session_from_config`, whose generic pyspark
+builder opens a Connect session when `spark.remote` is set. The session is opened when the
+resource is set up for a step that needs it (each step process under the multiprocess executor,
+once per in-process run) and stopped at its teardown; a local Connect server keeps running.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
+from dagster_pyspark import PySparkResource
+from dagster_pyspark.resources import spark_session_from_config
 from pydantic import Field, PrivateAttr
 
 from snapshot_assets.config import SparkConfig
+from snapshot_assets.spark.connect_server import DEFAULT_STATE_DIR
 
 
-class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
-    remote: str = ""
-    master: str = ""
-    conf: dict[str, str] = Field(default_factory=dict)
-    state_dir: str = ".snapshotter/spark-connect"
+class SparkResource(PySparkResource):
+    spark_config: dict[str, Any] = Field(
+        default_factory=dict, description="Spark builder settings: spark.remote or spark.master, and any spark.* key.")
+    state_dir: str = Field(default=str(DEFAULT_STATE_DIR),
+                           description="Where the local Spark Connect server's pid/port file and log live.")
     _runtime: Any = PrivateAttr(default=None)
 
-    def runtime(self) -> Any:
-        if self._runtime is None:
-            from snapshot_assets.spark.session import open_spark
+    @classmethod
+    def from_config(cls, spark: SparkConfig) -> SparkResource:
+        """The resource for the configuration's `spark` block."""
+        named = {"spark.remote": spark.remote, "spark.master": spark.master}
+        return cls(spark_config={**spark.conf, **{k: v for k, v in named.items() if v}})
 
-            self._runtime = open_spark(SparkConfig(self.remote, self.master, dict(self.conf)),
-                                       state_dir=self.state_dir)
-        return self._runtime
+    def spark_settings(self) -> SparkConfig:
+        settings: Mapping[str, Any] = self.spark_config
+        rest = {k: str(v) for k, v in settings.items() if k not in ("spark.remote", "spark.master")}
+        return SparkConfig(str(settings.get("spark.remote", "")), str(settings.get("spark.master", "")), rest)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        from snapshot_assets.spark.session import open_spark
+
+        self._runtime = open_spark(self.spark_settings(), state_dir=self.state_dir,
+                                   make_session=spark_session_from_config)
+        self._spark_session = self._runtime.spark
 
     @property
-    def spark_session(self) -> Any:
-        return self.runtime().spark
+    def mode(self) -> str:
+        """How the session was obtained (connect, connect-local, classic, classic-local)."""
+        return str(self._runtime.mode) if self._runtime is not None else ""
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._runtime is not None:
             self._runtime.stop()
             self._runtime = None
+            self._spark_session = None

@@ -17,7 +17,9 @@ sys.path.insert(0, str(ROOT))
 from resources.destinations.local import LocalDestination  # noqa: E402
 from snapshot_assets.archive.changes import Action, Change, Row  # noqa: E402
 from snapshot_assets.archive.keys import laredo_row_key  # noqa: E402
-from snapshot_assets.archive.writer import ArtifactWriter, ManifestStore  # noqa: E402
+from snapshot_assets.archive.positions import comparator  # noqa: E402
+from snapshot_assets.archive.writer import ArtifactWriter  # noqa: E402
+from snapshot_assets.pipeline.commit import commit_artifact  # noqa: E402
 
 OUT = ROOT / "examples" / "sample-archive"
 PREFIX = "users/"
@@ -49,8 +51,6 @@ def main() -> None:
     shutil.rmtree(OUT, ignore_errors=True)
     dest = LocalDestination(OUT)
     writer = ArtifactWriter([dest], PREFIX, snapshot_formats=FORMATS, diff_formats=FORMATS)
-    store = ManifestStore([dest], PREFIX, "public.users")
-    manifest = store.load()
     steps = [
         writer.write_snapshot(1, "0/016B3748", [ALICE, BOB, CAROL, DAVE], created_at="2026-06-03T21:40:00Z"),
         writer.write_diff(1, "0/016B3748", "0/016B3800", [
@@ -66,8 +66,7 @@ def main() -> None:
         ], created_at="2026-06-03T21:42:00Z"),
     ]
     for art in steps:
-        manifest = manifest.with_artifact(art, now=art.created_at)
-        store.commit(manifest)
+        commit_artifact([dest], PREFIX, "public.users", art, cmp=comparator("lsn"), now=art.created_at)
     print(f"wrote {len(steps)} artifacts to {OUT}")
 
 

@@ -1,10 +1,18 @@
 """The partitioned assets: change_buffer → snapshot / diff → manifest, one partition per table.
 
-One materialization of `snapshot` or `diff` is one artifact (built by Spark, uploaded to every
-destination); the `manifest` materialization in the same run commits it. The boundary of the
-artifact comes from the run's tags when a sensor requested it (so a re-execution rebuilds exactly
-the same artifact), otherwise it is decided now (a manual or forced run). Artifacts are never
-partitions: a partition per artifact would be thousands a day.
+One run is the pipeline's stages for one artifact, each a function here with one entry:
+  decide  `_requested`: the boundary comes from the run's tags when a sensor requested it (so a
+          re-execution rebuilds exactly the same artifact), otherwise it is decided now (a manual
+          or forced run) by `pipeline/decide.py`;
+  build   `snapshot` / `diff`: Spark builds the artifact and uploads it to every destination
+          (`TablePipeline.build`); the built `Artifact` is the asset's output, handed to the
+          manifest asset through Dagster (`handoff.ArtifactIOManager`: materialization metadata in
+          the instance's event log, readable from any run worker on any host);
+  commit  `manifest`: the compare-and-swap on every destination (`pipeline/commit.py`), retention,
+  notify  then the event outbox to the sinks (`pipeline/outbox.py`), inside `TablePipeline.commit`.
+Before building, a leftover of a failed run whose manifest write landed anyway is settled
+(`_settle_leftover`). Destinations, sinks and Spark are the registered resources. Artifacts are
+never partitions: a partition per artifact would be thousands a day.
 """
 
 import time
@@ -12,16 +20,23 @@ from typing import Any
 
 import dagster as dg
 
+from resources.destinations_resource import DestinationsResource
+from resources.sinks_resource import EventSinksResource
 from resources.spark import SparkResource
+from snapshot_assets.archive.manifest import Artifact
 from snapshot_assets.archive.positions import comparator
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.verify import verify_archive
+from snapshot_assets.handoff import settled, unsettled
 from snapshot_assets.metrics import table_metadata
 from snapshot_assets.pipeline.decide import SNAPSHOT_ONLY_TRIGGERS, NextArtifact
-from snapshot_assets.pipeline.pending import clear_pending, load_pending, save_pending
-from snapshot_assets.tables import FROM_TAG, TO_TAG, TRIGGER_TAG, partitions, pipeline
+from snapshot_assets.pipeline.table import TablePipeline
+from snapshot_assets.tables import FROM_TAG, TO_TAG, TRIGGER_TAG, partitions, table_pipeline
 
 PARTITIONS = partitions()
+ARTIFACT_IO = "artifact_io_manager"
+BUILT = [dg.AssetKey("snapshot"), dg.AssetKey("diff")]
+MANIFEST = dg.AssetKey("manifest")
 
 change_buffer = dg.AssetSpec(
     "change_buffer",
@@ -32,9 +47,8 @@ change_buffer = dg.AssetSpec(
 )
 
 
-def _requested(context: dg.AssetExecutionContext, kind: str) -> NextArtifact:
+def _requested(context: dg.AssetExecutionContext, pipe: TablePipeline, kind: str) -> NextArtifact:
     tags = context.run.tags
-    pipe = pipeline(context.partition_key)
     if tags.get(TO_TAG):
         return NextArtifact(kind, tags.get(TRIGGER_TAG, "sensor"), tags.get(FROM_TAG) or None, tags[TO_TAG])
     nxt = pipe.decide(force=(kind == "snapshot"))
@@ -49,19 +63,27 @@ def _requested(context: dg.AssetExecutionContext, kind: str) -> NextArtifact:
     return NextArtifact("snapshot", tags.get(TRIGGER_TAG, nxt.trigger), None, nxt.to_position)
 
 
-def _build(context: dg.AssetExecutionContext, spark: SparkResource, kind: str) -> dg.MaterializeResult:  # type: ignore[type-arg]
-    pipe = pipeline(context.partition_key)
-    leftover = load_pending(pipe.buffer_root, pipe.name)
-    if leftover is not None and pipe.settle(leftover[0]):  # a run that failed after its manifest write landed
-        context.log.warning(f"{pipe.name}: {leftover[0].describe()} was committed by a failed run; events sent now")
-        clear_pending(pipe.buffer_root, pipe.name)
-    nxt = _requested(context, kind)
+def _settle_leftover(context: dg.AssetExecutionContext, pipe: TablePipeline) -> None:
+    """Finish a failed run's artifact whose manifest write landed after all (events, cleanup), once."""
+    leftover = unsettled(context.instance, pipe.name, BUILT, MANIFEST)
+    if leftover is None:
+        return
+    committed = pipe.settle(leftover)
+    if committed:
+        context.log.warning(f"{pipe.name}: {leftover.describe()} was committed by a failed run; events sent now")
+    context.log_event(settled(leftover, pipe.name, MANIFEST, committed=committed))
+
+
+def _build(context: dg.AssetExecutionContext, spark: SparkResource, destinations: DestinationsResource,
+           event_sinks: EventSinksResource, kind: str) -> dg.Output[Artifact]:
+    pipe = table_pipeline(context.partition_key, destinations, event_sinks)
+    _settle_leftover(context, pipe)
+    nxt = _requested(context, pipe, kind)
     if nxt.to_position is None:
         raise dg.Failure(f"{pipe.name}: nothing has been ingested yet")
     started = time.monotonic()
     built = pipe.build(spark.spark_session, nxt)
     art = built.artifact
-    save_pending(pipe.buffer_root, pipe.name, art, {"trigger": nxt.trigger})
     metadata: dict[str, Any] = {
         "kind": art.kind,
         "epoch": art.epoch,
@@ -71,37 +93,43 @@ def _build(context: dg.AssetExecutionContext, spark: SparkResource, kind: str) -
         "rows" if art.is_snapshot else "changes": art.row_count if art.is_snapshot else art.change_count,
         "duration_s": round(time.monotonic() - started, 3),
         "spark_s": round(built.seconds, 3),
+        "spark_mode": spark.mode,
     }
     for fid, ref in art.formats.items():
         metadata[f"bytes_{fid}"] = ref.size_bytes
         metadata[f"uri_{fid}"] = dg.MetadataValue.url(ref.uri) if ref.uri.startswith("s3://") else ref.uri
-    return dg.MaterializeResult(metadata=metadata)
+    return dg.Output(art, metadata=metadata)
 
 
 @dg.asset(partitions_def=PARTITIONS, deps=[change_buffer], kinds={"spark"}, group_name="snapshotter",
+          io_manager_key=ARTIFACT_IO,
           description="A full base snapshot of the table (opens a new epoch), in every snapshot format.")
-def snapshot(context: dg.AssetExecutionContext, spark: SparkResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
-    return _build(context, spark, "snapshot")
+def snapshot(context: dg.AssetExecutionContext, spark: SparkResource, destinations: DestinationsResource,
+             event_sinks: EventSinksResource) -> dg.Output[Artifact]:
+    return _build(context, spark, destinations, event_sinks, "snapshot")
 
 
 @dg.asset(partitions_def=PARTITIONS, deps=[change_buffer], kinds={"spark"}, group_name="snapshotter",
+          io_manager_key=ARTIFACT_IO,
           description="The net change per key since the manifest head, in every diff format.")
-def diff(context: dg.AssetExecutionContext, spark: SparkResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
-    return _build(context, spark, "diff")
+def diff(context: dg.AssetExecutionContext, spark: SparkResource, destinations: DestinationsResource,
+         event_sinks: EventSinksResource) -> dg.Output[Artifact]:
+    return _build(context, spark, destinations, event_sinks, "diff")
 
 
-@dg.asset(partitions_def=PARTITIONS, deps=[snapshot, diff], group_name="snapshotter",
+@dg.asset(partitions_def=PARTITIONS, ins={"snapshot": dg.AssetIn(), "diff": dg.AssetIn()}, group_name="snapshotter",
           description="The manifest (the commit point): commits this run's artifact on every destination with "
                       "compare-and-swap, applies retention, and notifies the event sinks through the outbox.")
-def manifest(context: dg.AssetExecutionContext) -> dg.MaterializeResult:  # type: ignore[type-arg]
-    pipe = pipeline(context.partition_key)
-    pending = load_pending(pipe.buffer_root, pipe.name)
-    if pending is None:
-        raise dg.Failure(f"{pipe.name}: no built artifact to commit (run snapshot or diff first)")
-    art, info = pending
+def manifest(context: dg.AssetExecutionContext, snapshot: Artifact | None, diff: Artifact | None,
+             destinations: DestinationsResource, event_sinks: EventSinksResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
+    pipe = table_pipeline(context.partition_key, destinations, event_sinks)
+    built = [a for a in (snapshot, diff) if a is not None]
+    if len(built) != 1:
+        raise dg.Failure(f"{pipe.name}: a manifest run commits one artifact, built in the same run (snapshot_job, "
+                         f"diff_job, force_snapshot); this run built {len(built)}")
+    art = built[0]
     previous_head = pipe.manifest().head_position
     report = pipe.commit(art)
-    clear_pending(pipe.buffer_root, pipe.name)
     m = report.commit.manifest
     return dg.MaterializeResult(metadata={
         "head_position": m.head_position,
@@ -109,7 +137,6 @@ def manifest(context: dg.AssetExecutionContext) -> dg.MaterializeResult:  # type
         "epoch": m.epoch,
         "artifacts": len(m.artifacts),
         "committed": art.describe(),
-        "trigger": info.get("trigger", ""),
         "already_committed": report.commit.already_committed,
         "cas_retries": report.commit.cas_retries,
         "brought_forward": ", ".join(report.commit.brought_forward) or "none",
@@ -122,20 +149,16 @@ def manifest(context: dg.AssetExecutionContext) -> dg.MaterializeResult:  # type
     })
 
 
-def _readers(table: str) -> list[ArchiveReader]:
-    pipe = pipeline(table)
-    return [ArchiveReader(d, pipe.cfg.key_prefix, key_fields=pipe.key_fields, cmp=comparator("lsn"))
-            for d in pipe.destinations]
-
-
 @dg.asset_check(asset=manifest, description="Chain contiguous on every destination, "
                 "every object present in every format with its recorded size, head not behind the previous head.")
-def archive_is_sound(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+def archive_is_sound(context: dg.AssetCheckExecutionContext, destinations: DestinationsResource,
+                     event_sinks: EventSinksResource) -> dg.AssetCheckResult:
     table = context.run.tags.get("dagster/partition") or ""
+    pipe = table_pipeline(table, destinations, event_sinks)
     problems: list[str] = []
-    for reader in _readers(table):
-        problems += [f"{reader.dest.name}: {p}" for p in verify_archive(reader)]
-    pipe = pipeline(table)
+    for dest in pipe.destinations:
+        reader = ArchiveReader(dest, pipe.cfg.key_prefix, key_fields=pipe.key_fields, cmp=comparator("lsn"))
+        problems += [f"{dest.name}: {p}" for p in verify_archive(reader)]
     event = context.instance.get_latest_materialization_event(manifest.key)
     meta = event.asset_materialization.metadata if event and event.asset_materialization else {}
     previous, head = meta.get("previous_head"), meta.get("head_position")

@@ -2,28 +2,60 @@
 
 The configuration (`SNAPSHOTTER_CONFIG`, else the shipped demo config) decides the partitions
 (one per table) and the Spark runtime; nothing connects to a source, a store or Spark at import.
+The resources are the ones the assets, checks and jobs use:
+  spark                dagster-pyspark's PySparkResource, pointed at a Spark Connect server (the local
+                       one by default, started on first use) or a master (`resources/spark.py`);
+  s3                   dagster-aws's S3Resource signed as a credentials profile: the S3 defaults of every
+                       S3 destination (endpoint, region, path style, profile; a destination's own keys win);
+  destinations         each table's archive destinations, S3 ones with clients from `s3`;
+  event_sinks          each table's event sinks (SNS, SQS, Kinesis, file);
+  subscribers          opens the source stream a table's ingest run reads;
+  change_buffers       opens the change buffer the ingest run appends to;
+  artifact_io_manager  hands the built artifact from snapshot/diff to manifest through the instance.
 """
 
 import dagster as dg
 
+from resources.aws_credentials import ProfiledS3Resource
+from resources.buffer_resource import ChangeBufferResource
+from resources.destinations_resource import DestinationsResource
+from resources.sinks_resource import EventSinksResource
 from resources.spark import SparkResource
+from resources.subscriber_resource import SubscriberResource
 from sensors.ingest_supervisor import ingest_supervisor
 from sensors.outbox_retry import outbox_retry
 from sensors.rebase_trigger import rebase_trigger
 from sensors.run_failure import run_failure_alert
 from snapshot_assets.archive_jobs import verify_archive_job
-from snapshot_assets.assets import archive_is_sound, change_buffer, diff, manifest, snapshot
+from snapshot_assets.assets import ARTIFACT_IO, archive_is_sound, change_buffer, diff, manifest, snapshot
+from snapshot_assets.handoff import ArtifactIOManager
 from snapshot_assets.jobs import diff_job, force_snapshot, ingest_job, reconstruct_job, snapshot_job
 from snapshot_assets.redaction import install_log_redaction
 from snapshot_assets.tables import config
 
 install_log_redaction()  # every Dagster process of the code location (server, daemon, runs) imports this
-_spark = config().spark
+
+
+def resources() -> dict[str, object]:
+    """The code location's resources. `s3` is configured at launch (launchpad or `run_config`
+    `resources.s3.config`: endpoint_url, region_name, path_style, credentials, max_attempts), and
+    the same instance is nested in `destinations`, so what a run sets there reaches its S3 destinations."""
+    s3 = ProfiledS3Resource.configure_at_launch()
+    return {
+        "spark": SparkResource.from_config(config().spark),
+        "s3": s3,
+        "destinations": DestinationsResource(s3=s3),
+        "event_sinks": EventSinksResource(),
+        "subscribers": SubscriberResource(),
+        "change_buffers": ChangeBufferResource(),
+        ARTIFACT_IO: ArtifactIOManager(),
+    }
+
 
 defs = dg.Definitions(
     assets=[change_buffer, snapshot, diff, manifest],
     asset_checks=[archive_is_sound],
     jobs=[diff_job, snapshot_job, force_snapshot, ingest_job, reconstruct_job, verify_archive_job],
     sensors=[rebase_trigger, ingest_supervisor, outbox_retry, run_failure_alert],
-    resources={"spark": SparkResource(remote=_spark.remote, master=_spark.master, conf=dict(_spark.conf))},
+    resources=resources(),
 )

@@ -6,15 +6,21 @@
 (dagster.yaml), and the manifest compare-and-swap refuses a second writer anyway.
 """
 
+import functools
 import threading
 
 import dagster as dg
 
+from resources.buffer_resource import ChangeBufferResource
+from resources.destinations_resource import DestinationsResource
+from resources.sinks_resource import EventSinksResource
 from resources.spark import SparkResource
+from resources.subscriber_resource import SubscriberResource
 from snapshot_assets.assets import diff, manifest, snapshot
 from snapshot_assets.run_history import INGEST_JOB
+from snapshot_assets.services import ingest_table as ingest_loop
 from snapshot_assets.services import run_ingest_service
-from snapshot_assets.tables import INGEST_TABLE_TAG, config, pipeline
+from snapshot_assets.tables import INGEST_TABLE_TAG, config, table_pipeline
 
 diff_job = dg.define_asset_job("diff_job", selection=[diff, manifest],
                                description="Write a diff (the net change per key since the head) and commit it.")
@@ -26,8 +32,10 @@ force_snapshot = dg.define_asset_job(
 
 
 @dg.op(description="Run one table's subscriber into its change buffer until the run is terminated.")
-def ingest_table(context: dg.OpExecutionContext) -> None:
-    """Ingest the table named by the run's `snapshotter/ingest_table` tag.
+def ingest_table(context: dg.OpExecutionContext, subscribers: SubscriberResource,
+                 change_buffers: ChangeBufferResource) -> None:
+    """Ingest the table named by the run's `snapshotter/ingest_table` tag, from the subscriber the
+    `subscribers` resource opens into the buffer the `change_buffers` resource opens.
 
     One run per table (not one run for all tables): a table's ingest failing, crashing or being
     killed ends only its own run, so the others keep running; the failure is that table's failed
@@ -45,7 +53,8 @@ def ingest_table(context: dg.OpExecutionContext) -> None:
         chosen = config().table(table)
     except KeyError as e:
         raise dg.Failure(str(e.args[0])) from None
-    (outcome,) = run_ingest_service(config(), [chosen.name], stop=threading.Event())
+    loop = functools.partial(ingest_loop, subscribers=subscribers, buffers=change_buffers)
+    (outcome,) = run_ingest_service(config(), [chosen.name], stop=threading.Event(), ingest=loop)
     if outcome.error is not None:
         raise dg.Failure(f"ingest of {outcome.table} failed: {type(outcome.error).__name__}: {outcome.error}")
     context.log.info(f"{outcome.table}: the source ended")
@@ -67,13 +76,13 @@ class ReconstructConfig(dg.Config):
 
 
 @dg.op(description="Rebuild the table as of a position from the archive, with Spark, into a path.")
-def reconstruct_table(context: dg.OpExecutionContext, config: ReconstructConfig,
-                      spark: SparkResource) -> dg.Output[int]:
+def reconstruct_table(context: dg.OpExecutionContext, config: ReconstructConfig, spark: SparkResource,
+                      destinations: DestinationsResource, event_sinks: EventSinksResource) -> dg.Output[int]:
     from snapshot_assets.archive.positions import comparator
     from snapshot_assets.archive.reader import ArchiveReader
     from snapshot_assets.spark.reconstruct import reconstruct_to_path
 
-    pipe = pipeline(config.table)
+    pipe = table_pipeline(config.table, destinations, event_sinks)
     reader = ArchiveReader(pipe.destinations[0], pipe.cfg.key_prefix, key_fields=pipe.key_fields,
                            cmp=comparator("lsn"))
     result = reconstruct_to_path(spark.spark_session, reader, config.position or None, config.output_path,

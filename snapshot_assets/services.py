@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
-from resources.buffer import ChangeBuffer
+from resources.buffer_resource import ChangeBufferResource
 from resources.ingest import IngestResult, run_ingest
-from resources.subscribers.factory import build_subscriber
+from resources.subscriber_resource import SubscriberResource
 from snapshot_assets.config import SnapshotterConfig, TableConfig
 
 log = logging.getLogger(__name__)
@@ -30,13 +30,16 @@ class IngestOutcome:
     error: BaseException | None
 
 
-def ingest_table(table: TableConfig, stop: threading.Event) -> IngestResult:
-    """One table's ingest loop, until `stop` is set (or a finite source ends)."""
-    subscriber = build_subscriber(table)
-    seal_interval = table.buffer.seal_interval.total_seconds()
+def ingest_table(table: TableConfig, stop: threading.Event, *, subscribers: SubscriberResource | None = None,
+                 buffers: ChangeBufferResource | None = None) -> IngestResult:
+    """One table's ingest loop, until `stop` is set (or a finite source ends).
+
+    The subscriber and the buffer come from the resources the ingest run was given (the Dagster
+    job's registered ones), or their defaults (the CLI).
+    """
+    subscriber = (subscribers or SubscriberResource()).open(table)
     try:
-        with ChangeBuffer(table.buffer.path, table.name, ordering=subscriber.ordering, seal_interval=seal_interval,
-                          seal_changes=table.buffer.seal_changes) as buffer:
+        with (buffers or ChangeBufferResource()).open_writer(table, subscriber.ordering) as buffer:
             return run_ingest(subscriber, buffer, stop=stop)
     finally:
         subscriber.close()

@@ -10,6 +10,9 @@ import functools
 
 import dagster as dg
 
+from resources.aws_credentials import CredentialProfiles
+from resources.destinations_resource import DestinationsResource
+from resources.sinks_resource import EventSinksResource
 from snapshot_assets.config import SnapshotterConfig, load_config
 from snapshot_assets.pipeline.table import TablePipeline
 
@@ -34,7 +37,16 @@ def partitions() -> dg.StaticPartitionsDefinition:
 
 @functools.cache
 def pipeline(table: str) -> TablePipeline:
+    """The table's pipeline for the cheap reads of sensors, status and the CLI (default resources)."""
     return TablePipeline(config().table(table))
+
+
+def table_pipeline(table: str, destinations: DestinationsResource, sinks: EventSinksResource) -> TablePipeline:
+    """The table's pipeline on the run's resources (the assets' and jobs' destinations and sinks)."""
+    cfg = config().table(table)
+    profiles = CredentialProfiles.shared(cfg.credentials)
+    return TablePipeline(cfg, destinations=destinations.for_table(cfg, profiles),
+                         sinks=sinks.for_table(cfg, profiles), profiles=profiles)
 
 
 def pipelines() -> list[TablePipeline]:

@@ -1,11 +1,16 @@
-"""The Dagster code location loads, and its archive job verifies a real archive."""
+"""The Dagster code location loads, registers the resources its assets and jobs use, and its archive
+job verifies a real archive (the resources at work in runs: tests/aws/test_dagster_resources.py)."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
+from dagster_aws.s3 import S3Resource
+from dagster_pyspark import PySparkResource
 
 from snapshot_assets.archive_jobs import verify_archive_job
 from snapshot_assets.definitions import defs
@@ -43,3 +48,18 @@ def test_verify_job_fails_on_damaged_archive(tmp_path: Path) -> None:
     assert not result.success
     failure = result.failure_data_for_node("verify_archive_op")
     assert failure is not None and "problem" in str(failure.error)
+
+
+def test_definitions_register_the_resources_the_assets_and_jobs_use() -> None:
+    registered: Mapping[str, Any] = defs.resources or {}
+    assert isinstance(registered["spark"], PySparkResource)
+    assert {"spark", "s3", "destinations", "event_sinks", "subscribers", "change_buffers",
+            "artifact_io_manager"} <= set(registered)
+    repo = defs.get_repository_def()
+    needs = {key: set(repo.assets_defs_by_key[dg.AssetKey(key)].required_resource_keys)
+             for key in ("snapshot", "diff", "manifest")}
+    assert {"spark", "destinations", "event_sinks", "artifact_io_manager"} <= needs["snapshot"] & needs["diff"]
+    assert {"destinations", "event_sinks"} <= needs["manifest"]
+    ingest = repo.get_job("ingest_job")
+    assert {"subscribers", "change_buffers"} <= ingest.get_required_resource_defs().keys()
+    assert issubclass(registered["s3"].resource_cls, S3Resource)  # configured at launch: a PartialResource

@@ -7,7 +7,8 @@ Accepted shapes (laredo's `destinations = [ ... ]` entries, plus this project's 
      endpoint_url = "http://minio:9000", path_style = true}
 
 laredo's `credentials` (a profile name) is resolved through `profiles` (resources/aws_credentials.py):
-the s3 client is signed as that profile and its errors name the destination and the profile; an
+the s3 client is made by the `s3` resource (dagster-aws's S3Resource, whose settings fill what the
+spec leaves out), signed as that profile, and its errors name the destination and the profile; an
 explicit `s3_client` wins. `connect_timeout`, `read_timeout` (seconds), `max_attempts` and
 `multipart_threshold` (bytes) tune the S3 client and uploads. Keys that
 neither laredo nor this project define are rejected so a typo (`endpoint` for `endpoint_url`) fails
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from resources.aws_credentials import S3_TIMEOUTS, CredentialProfiles, Timeouts
+from resources.aws_credentials import S3_TIMEOUTS, CredentialProfiles, ProfiledS3Resource, Timeouts
 from resources.destinations.base import Destination
 from resources.destinations.local import LocalDestination
 from resources.destinations.s3 import S3Destination
@@ -95,15 +96,18 @@ def _build_s3(spec: Mapping[str, Any], s3_client: S3Client | None,
     )
 
 
-def _profiled_s3_client(spec: Mapping[str, Any], profiles: CredentialProfiles | None) -> S3Client | None:
-    """The client of the spec's credentials profile; None (S3Destination builds its own) when none is named."""
-    if profiles is None and not spec.get("credentials"):
-        return None
-    registry = profiles if profiles is not None else CredentialProfiles.shared()
+def _optional_flag(spec: Mapping[str, Any], key: str) -> bool | None:
+    """A boolean the spec may leave unset (absent or "", as laredo's structs carry it): None then."""
+    return None if spec.get(key) is None or spec.get(key) == "" else _flag(spec, key)
+
+
+def _s3_client(spec: Mapping[str, Any], profiles: CredentialProfiles | None, s3: ProfiledS3Resource) -> S3Client:
+    """The destination's client from the `s3` resource: the spec's keys first, the resource's settings after."""
     component = f"s3 destination s3://{_required(spec, 'bucket')}/{_optional(spec, 'prefix') or ''}"
-    client: S3Client = registry.client(
-        "s3", _optional(spec, "credentials"), component=component, region=_optional(spec, "region"),
-        endpoint_url=_optional(spec, "endpoint_url"), path_style=_flag(spec, "path_style"), timeouts=_timeouts(spec))
+    client: S3Client = s3.destination_client(
+        profiles if profiles is not None else CredentialProfiles.shared(), component=component,
+        timeouts=_timeouts(spec), credentials=_optional(spec, "credentials"), region=_optional(spec, "region"),
+        endpoint_url=_optional(spec, "endpoint_url"), path_style=_optional_flag(spec, "path_style"))
     return client
 
 
@@ -114,10 +118,11 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any], S3Client | None], Destination]
 
 
 def build_destination(spec: Mapping[str, Any], *, s3_client: S3Client | None = None,
-                      profiles: CredentialProfiles | None = None) -> Destination:
+                      profiles: CredentialProfiles | None = None, s3: ProfiledS3Resource | None = None) -> Destination:
     """The destination `spec` describes; ValueError naming what is unknown or missing.
 
-    An s3 destination signs as the spec's `credentials` profile, looked up in `profiles` (a spec
+    An s3 destination's client comes from `s3` (the code location's registered S3Resource; its
+    defaults when None), signed as the spec's `credentials` profile looked up in `profiles` (a spec
     naming a profile without `profiles` fails: there is nothing to resolve it in). `s3_client`
     (optional) replaces the client altogether.
     """
@@ -130,7 +135,8 @@ def build_destination(spec: Mapping[str, Any], *, s3_client: S3Client | None = N
     if unknown:
         raise ValueError(f"{kind} destination: unknown keys {unknown} (known: {sorted(_KNOWN_KEYS)})")
     if kind == "s3":
-        return _build_s3(spec, s3_client or _profiled_s3_client(spec, profiles), profiles)
+        client = s3_client or _s3_client(spec, profiles, s3 if s3 is not None else ProfiledS3Resource())
+        return _build_s3(spec, client, profiles)
     return builder(spec, s3_client)
 
 

@@ -249,6 +249,11 @@ def loads(data: bytes | str, *, source: str = "manifest") -> Manifest:
     )
 
 
+def load_artifact(doc: Any, *, source: str = "artifact") -> Artifact:
+    """One manifest entry (`Artifact.to_json`'s shape) parsed back, with the manifest's errors."""
+    return _Parser(source).artifact(doc, "artifact")
+
+
 def _extra(doc: Mapping[str, Any], known: Iterable[str]) -> dict[str, Any]:
     names = set(known)
     return {k: v for k, v in doc.items() if k not in names}

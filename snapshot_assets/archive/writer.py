@@ -1,26 +1,24 @@
-"""Writing artifacts and committing manifests (the Python path, for small tables and tools).
+"""Writing artifacts in Python (small tables, tools, test archives; Spark writes the pipeline's).
 
 An artifact is written in every configured format in ONE pass over its rows (the rows may come
 from a generator), each format spooled to a temporary file so nothing has to fit in memory, then
-uploaded to every destination. It becomes part of the archive only when `ManifestStore.commit`
-has compare-and-swapped the manifest on every destination: the manifest is the commit point.
-The Spark pipeline writes large artifacts itself and shares the manifest commit.
+uploaded to every destination. It becomes part of the archive only when the one manifest commit
+(`snapshot_assets.pipeline.commit.commit_artifact`) has compare-and-swapped the manifest on every
+destination: the manifest is the commit point, for these artifacts and the Spark pipeline's alike.
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any
 
 from resources.destinations.base import Destination
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.changes import Change, Row
-from snapshot_assets.archive.errors import CorruptManifest
 from snapshot_assets.archive.formats import Format, get_format
-from snapshot_assets.archive.located import located
-from snapshot_assets.archive.manifest import DIFF, SNAPSHOT, Artifact, FormatRef, Manifest, loads, utc_now
+from snapshot_assets.archive.manifest import DIFF, SNAPSHOT, Artifact, FormatRef, utc_now
 
 _SPOOL_BYTES = 32 * 1024 * 1024
 
@@ -98,43 +96,3 @@ class ArtifactWriter:
             for out in files:
                 out.close()
         return refs
-
-
-@dataclass
-class ManifestStore:
-    """The manifest on every destination, with the revision each copy was read at (for the CAS)."""
-
-    destinations: Sequence[Destination]
-    key_prefix: str
-    table: str
-    revisions: list[str | None] = field(default_factory=list)
-
-    def load(self) -> Manifest:
-        """Read every destination's copy; the one furthest along (most artifacts) is the current manifest."""
-        best: Manifest | None = None
-        key = keys.manifest_key(self.key_prefix)
-        self.revisions = []
-        for dest in self.destinations:
-            got = dest.get(key)
-            self.revisions.append(got.revision if got else None)
-            if got is None:
-                continue
-            m = loads(got.data, source=dest.uri(key))
-            if m.table and m.table != self.table:
-                raise CorruptManifest(f"{dest.uri(key)} belongs to table {m.table!r}, not {self.table!r}")
-            if best is None or len(m.artifacts) > len(best.artifacts):
-                best = m
-        return best or Manifest(table=self.table)
-
-    def commit(self, manifest: Manifest) -> None:
-        """CAS-write `manifest` to every destination against the revisions read by `load`.
-
-        A CASConflict means another writer advanced the manifest: the caller must reload and
-        decide again, never retry blindly.
-        """
-        key = keys.manifest_key(self.key_prefix)
-        if len(self.revisions) != len(self.destinations):
-            raise RuntimeError("ManifestStore.commit called before load")
-        for i, dest in enumerate(self.destinations):
-            data = located(manifest, self.key_prefix, dest.uri).dumps()  # each copy names its own objects
-            self.revisions[i] = dest.put_if(key, data, self.revisions[i])

@@ -12,6 +12,11 @@ In order of preference:
 
 `spark.conf` settings are applied on top of small-machine defaults (`LOCAL_DEFAULTS`: few shuffle
 partitions, no UI), which any setting overrides. The session's start time is measured and logged.
+
+The choice is one function (`plan_spark`: builder settings with `spark.remote` or `spark.master`,
+the local server started around it); who builds the session from those settings is the caller's:
+Dagster runs use dagster-pyspark's builder (`resources/spark.py`), `open_spark`'s default is the
+project's own for processes that hold both kinds of session.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -74,6 +79,26 @@ class SparkRuntime:
         self.spark.stop()
 
 
+@dataclass(frozen=True, slots=True)
+class SparkPlan:
+    """Where a session goes: the builder's settings (`spark.remote` or `spark.master` among them)."""
+
+    settings: dict[str, str]
+    mode: Mode
+    note: str
+
+    @property
+    def ships_code(self) -> bool:
+        """A cluster's executors import this project from what the driver ships them."""
+        return self.mode == "connect" or (self.mode == "classic" and not self.settings["spark.master"].startswith(
+            "local"))
+
+
+SessionMaker = Callable[[Mapping[str, str]], Any]
+"""Opens a session from builder settings: dagster-pyspark's `spark_session_from_config` in runs, or
+`session_from_settings` in processes that may hold both kinds of session (tests, benchmarks)."""
+
+
 def _is_static(key: str) -> bool:
     return key.startswith(_STATIC_PREFIXES)
 
@@ -89,72 +114,100 @@ def _apply_runtime_conf(spark: Any, conf: Mapping[str, str]) -> None:
             log.warning("Spark setting %s=%s not applied to the session: %s", key, value, exc)
 
 
-def _connect_session(url: str, conf: Mapping[str, str]) -> Any:
-    # The Connect builder directly: pyspark's generic builder refuses a Connect session while a
-    # classic SparkContext exists and flips a process-wide "connect mode" switch.
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-    spark = ConnectSession.builder.remote(url).create()
-    _apply_runtime_conf(spark, conf)
-    return spark
-
-
 def classic_session(master: str, conf: Mapping[str, str], app_name: str = "snapshotter") -> Any:
     """A classic (in-process JVM) session on `master` with `conf`."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
     if master.startswith("local"):
-        # Python workers must run this interpreter (the venv with pyarrow and this project); a
-        # classic SparkContext takes it from the environment only.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        _local_python()
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
+def _local_python() -> None:
+    # Python workers must run this interpreter (the venv with pyarrow and this project); a classic
+    # SparkContext takes it from the environment only.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def session_from_settings(settings: Mapping[str, str]) -> Any:
+    """The project's own builder: a Connect session straight from the Connect builder, else classic.
+
+    pyspark's generic builder (what dagster-pyspark calls) refuses a Connect session while a classic
+    SparkContext exists and flips a process-wide "connect mode" switch; a process that holds both
+    kinds (the test suite, the benchmarks) opens its sessions here instead.
+    """
+    rest = {k: v for k, v in settings.items() if k not in ("spark.remote", "spark.master")}
+    if "spark.remote" in settings:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        spark = ConnectSession.builder.remote(settings["spark.remote"]).create()
+        _apply_runtime_conf(spark, rest)
+        return spark
+    return classic_session(settings["spark.master"], rest, rest.get("spark.app.name", "snapshotter"))
+
+
+def plan_spark(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR,
+               app_name: str = "snapshotter") -> SparkPlan:
+    """Where the session goes (see the module docstring), starting the local Connect server when it is the one."""
+    if config.remote:
+        return SparkPlan({**_session_level(config.conf), "spark.remote": config.remote}, "connect", config.remote)
+    named = {"spark.app.name": app_name}
+    if config.master:
+        base = LOCAL_DEFAULTS if config.master.startswith("local") else {}
+        return SparkPlan({**named, **base, **config.conf, "spark.master": config.master}, "classic", config.master)
+    conf = {**LOCAL_DEFAULTS, **config.conf}
+    try:
+        info, started_now = ensure_local_connect_server(Path(state_dir), conf=conf)
+    except (ConnectServerError, OSError) as exc:
+        return _fallback(config, app_name, f"local Spark Connect server unavailable ({exc})")
+    note = f"{'started' if started_now else 'reused'} local server pid {info.pid} port {info.port}"
+    return SparkPlan({**_session_level(conf), "spark.remote": info.url}, "connect-local", note)
+
+
+def _session_level(conf: Mapping[str, str]) -> dict[str, str]:
+    """The settings a Connect session can take (static ones belong to the server's command line)."""
+    return {k: v for k, v in conf.items() if not _is_static(k)}
+
+
+def _fallback(config: SparkConfig, app_name: str, why: str) -> SparkPlan:
+    reason = f"{why}; using a classic {FALLBACK_MASTER} session"
+    log.warning("%s", reason)
+    settings = {"spark.app.name": app_name, **LOCAL_DEFAULTS, **config.conf, "spark.master": FALLBACK_MASTER}
+    return SparkPlan(settings, "classic-local", reason)
+
+
 def open_spark(config: SparkConfig | None = None, *, state_dir: Path | str = DEFAULT_STATE_DIR,
-               app_name: str = "snapshotter", ship_code: bool = True) -> SparkRuntime:
+               app_name: str = "snapshotter", ship_code: bool = True,
+               make_session: SessionMaker = session_from_settings) -> SparkRuntime:
     """A Spark session per `config` (see the module docstring for the order of preference).
 
     `state_dir` holds the local Connect server's pid/port file and log. `ship_code` uploads this
     project's packages to a remote Spark (Connect `addArtifacts` / `addPyFile`), whose executors
     need them because the tasks call the archive code; local runtimes import it from this venv.
+    `make_session` opens the session from the plan's settings.
     """
     config = config or SparkConfig()
     started = time.monotonic()
-    if config.remote:
-        conf = dict(config.conf)
-        runtime = SparkRuntime(_connect_session(config.remote, conf), "connect", 0.0, config.remote)
-        if ship_code:
-            ship_project_code(runtime.spark, connect=True)
-    elif config.master:
-        conf = {**LOCAL_DEFAULTS, **config.conf} if config.master.startswith("local") else dict(config.conf)
-        runtime = SparkRuntime(classic_session(config.master, conf, app_name), "classic", 0.0, config.master)
-        if ship_code and not config.master.startswith("local"):
-            ship_project_code(runtime.spark, connect=False)
-    else:
-        runtime = _local(config, Path(state_dir), app_name)
-    runtime.startup_s = time.monotonic() - started
+    plan = plan_spark(config, state_dir, app_name)
+    if plan.settings.get("spark.master", "").startswith("local"):
+        _local_python()
+    try:
+        spark = make_session(plan.settings)
+    except Exception as exc:  # a local server that started but refuses sessions (e.g. a bad setting)
+        if plan.mode != "connect-local":
+            raise
+        plan = _fallback(config, app_name, f"Spark Connect session failed ({type(exc).__name__}: {exc})")
+        _local_python()
+        spark = make_session(plan.settings)
+    if ship_code and plan.ships_code:
+        ship_project_code(spark, connect=plan.mode == "connect")
+    runtime = SparkRuntime(spark, plan.mode, time.monotonic() - started, plan.note)
     log.info("Spark session ready in %.2fs (%s%s)", runtime.startup_s, runtime.mode,
              f": {runtime.note}" if runtime.note else "")
     return runtime
-
-
-def _local(config: SparkConfig, state_dir: Path, app_name: str) -> SparkRuntime:
-    conf = {**LOCAL_DEFAULTS, **config.conf}
-    try:
-        info, started_now = ensure_local_connect_server(state_dir, conf=conf)
-        spark = _connect_session(info.url, conf)
-        note = f"{'started' if started_now else 'reused'} local server pid {info.pid} port {info.port}"
-        return SparkRuntime(spark, "connect-local", 0.0, note)
-    except (ConnectServerError, OSError) as exc:
-        reason = f"local Spark Connect server unavailable ({exc}); using a classic {FALLBACK_MASTER} session"
-        log.warning("%s", reason)
-    except Exception as exc:  # a server that started but refuses sessions (e.g. a bad setting)
-        reason = f"Spark Connect session failed ({type(exc).__name__}: {exc}); using classic {FALLBACK_MASTER}"
-        log.warning("%s", reason)
-    return SparkRuntime(classic_session(FALLBACK_MASTER, conf, app_name), "classic-local", 0.0, reason)
 
 
 def project_code_zip(dest_dir: Path | str | None = None) -> Path:
@@ -185,10 +238,14 @@ def ship_project_code(spark: Any, *, connect: bool) -> None:
 __all__ = [
     "DEFAULT_STATE_DIR",
     "LOCAL_DEFAULTS",
+    "SessionMaker",
+    "SparkPlan",
     "SparkRuntime",
     "classic_session",
     "open_spark",
+    "plan_spark",
     "project_code_zip",
+    "session_from_settings",
     "ship_project_code",
     "stop_local_connect_server",
 ]

@@ -10,7 +10,9 @@ import pytest
 from resources.destinations.local import LocalDestination
 from snapshot_assets.archive.changes import Change, Row
 from snapshot_assets.archive.manifest import Artifact, Manifest
-from snapshot_assets.archive.writer import ArtifactWriter, ManifestStore
+from snapshot_assets.archive.positions import compare_sequence
+from snapshot_assets.archive.writer import ArtifactWriter
+from snapshot_assets.pipeline.commit import commit_artifact
 
 PREFIX = "public.events/"
 
@@ -27,8 +29,7 @@ def build_archive(tmp_path: Path) -> BuildArchive:
         dest = LocalDestination(tmp_path / "archive")
         writer = ArtifactWriter([dest], prefix, snapshot_formats=formats, diff_formats=formats,
                                 key_fields=key_fields)
-        store = ManifestStore([dest], prefix, "public.events")
-        m = store.load()
+        m = Manifest(table="public.events")
         for kind, epoch, from_pos, to_pos, items in steps:
             art: Artifact
             if kind == "snapshot":
@@ -36,8 +37,7 @@ def build_archive(tmp_path: Path) -> BuildArchive:
             else:
                 assert from_pos is not None
                 art = writer.write_diff(epoch, from_pos, to_pos, items)  # type: ignore[arg-type]
-            m = m.with_artifact(art)
-            store.commit(m)
+            m = commit_artifact([dest], prefix, "public.events", art, cmp=compare_sequence).manifest
         return dest, m
 
     return build

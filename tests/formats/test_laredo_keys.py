@@ -23,7 +23,10 @@ from snapshot_assets.archive.algebra import collapse
 from snapshot_assets.archive.changes import Action, Change, Row
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import laredo_row_key, typed_key
-from snapshot_assets.archive.writer import ArtifactWriter, ManifestStore
+from snapshot_assets.archive.manifest import Artifact
+from snapshot_assets.archive.positions import comparator
+from snapshot_assets.archive.writer import ArtifactWriter
+from snapshot_assets.pipeline.commit import commit_artifact
 from tests.formats import laredo_go
 
 BIG = 2**53 + 1  # the smallest integer a double cannot hold
@@ -196,8 +199,9 @@ def test_laredo_reader_rebuilds_the_source_from_every_format(tmp_path: Path, key
     prefix = "items/"
     dest = LocalDestination(tmp_path)
     writer = ArtifactWriter([dest], prefix, snapshot_formats=formats, diff_formats=formats, key_fields=key_fields)
-    store = ManifestStore([dest], prefix, "public.items")
-    manifest = store.load()
+
+    def commit(art: Artifact) -> None:
+        commit_artifact([dest], prefix, "public.items", art, cmp=comparator("lsn"))
     initial, windows = _workload(8, key_fields)
     source = {typed_key(r, key_fields): r for r in initial}
 
@@ -207,14 +211,12 @@ def test_laredo_reader_rebuilds_the_source_from_every_format(tmp_path: Path, key
             assert got == laredo_go.expected_table(format_id, list(source.values()), key_fields), \
                 f"{format_id} at {position}"
 
-    manifest = manifest.with_artifact(writer.write_snapshot(1, "0/10", initial))
-    store.commit(manifest)
+    commit(writer.write_snapshot(1, "0/10", initial))
     check("0/10")
     big_seen = False
     for i, window in enumerate(windows):
         from_pos, to_pos = f"0/{16 * (i + 1):X}", f"0/{16 * (i + 2):X}"
-        manifest = manifest.with_artifact(writer.write_diff(1, from_pos, to_pos, collapse(window, key_fields)))
-        store.commit(manifest)
+        commit(writer.write_diff(1, from_pos, to_pos, collapse(window, key_fields)))
         for change in window:
             if change.action is Action.TRUNCATE:
                 source.clear()

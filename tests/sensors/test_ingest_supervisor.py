@@ -17,6 +17,7 @@ import pytest
 
 from sensors.ingest_supervisor import LAUNCH_REASON_TAG, ingest_supervisor
 from snapshot_assets.config import SnapshotterConfig
+from snapshot_assets.definitions import defs
 from snapshot_assets.jobs import ingest_job
 from snapshot_assets.metrics import samples
 from snapshot_assets.status import TableStatus, table_status
@@ -35,8 +36,10 @@ def requested(result: dg.SensorResult) -> dict[str, dg.RunRequest]:
 
 
 def run_ingest(instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.ExecuteInProcessResult:
-    """Execute the ingest job for a request's tags, as the run worker launched for it would."""
-    return ingest_job.execute_in_process(instance=instance, tags=tags, raise_on_error=False)
+    """Execute the ingest job for a request's tags, as the run worker launched for it would (the code
+    location's job, on its registered subscriber and change buffer resources)."""
+    job = defs.resolve_job_def(ingest_job.name)
+    return job.execute_in_process(instance=instance, tags=tags, raise_on_error=False)
 
 
 def metric(status: TableStatus, name: str) -> float:

@@ -11,9 +11,9 @@ import pytest
 from resources.destinations.local import LocalDestination
 from resources.subscribers.generator import KEY_FIELDS
 from snapshot_assets.archive.manifest import DIFF, SNAPSHOT, Artifact, Manifest, utc_now
-from snapshot_assets.archive.positions import format_lsn, parse_lsn
+from snapshot_assets.archive.positions import comparator, format_lsn, parse_lsn
 from snapshot_assets.archive.reader import ArchiveReader
-from snapshot_assets.archive.writer import ManifestStore
+from snapshot_assets.pipeline.commit import commit_artifact
 from snapshot_assets.spark.assemble import assemble
 from snapshot_assets.spark.bases import EmptyBase, StateBase, choose_base
 from snapshot_assets.spark.diff import build_diff
@@ -26,15 +26,13 @@ from tests.spark.conftest import ALL_FORMATS, TABLE, Generated, by_key, generate
 PREFIX = "users/"
 
 
-def commit(store: ManifestStore, m: Manifest, built: BuiltArtifact, dest: LocalDestination, epoch: int) -> Manifest:
+def commit(m: Manifest, built: BuiltArtifact, dest: LocalDestination, epoch: int) -> Manifest:
     refs = assemble(built, [dest], PREFIX, epoch)
     kind = SNAPSHOT if built.kind == "snapshot" else DIFF
     art = Artifact(kind=kind, epoch=epoch, from_position=built.from_position, to_position=built.to_position,
                    created_at=utc_now(), formats=refs, row_count=built.count if kind == SNAPSHOT else 0,
                    change_count=built.count if kind == DIFF else 0)
-    m = m.with_artifact(art)
-    store.commit(m)
-    return m
+    return commit_artifact([dest], PREFIX, TABLE, art, cmp=comparator("lsn")).manifest
 
 
 @pytest.fixture(scope="module")
@@ -43,27 +41,26 @@ def archive(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Gener
     work = tmp_path_factory.mktemp("pipeline")
     g = generate(work / "buffer", 61, truncate=0.004, pk_change=0.1, changes=1200)
     dest = LocalDestination(work / "archive")
-    store = ManifestStore([dest], PREFIX, TABLE)
-    m = store.load()
+    m = Manifest(table=TABLE)
     b = g.boundaries
     cuts = [b[len(b) // 5], b[2 * len(b) // 5], b[3 * len(b) // 5], b[4 * len(b) // 5], b[-1]]
     base, segments = choose_base(g.reader, cuts[0])
-    m = commit(store, m, build_snapshot(spark, base, segments, cuts[0], KEY_FIELDS, ALL_FORMATS, work / "st0",
+    m = commit(m, build_snapshot(spark, base, segments, cuts[0], KEY_FIELDS, ALL_FORMATS, work / "st0",
                                         work / "state" / "epoch=1"), dest, 1)
     truncated = []
     for i, (lo, hi) in enumerate([(cuts[0], cuts[1]), (cuts[1], cuts[2])]):
         diff = build_diff(spark, g.reader.segments(lo, hi), EmptyBase(lo), hi, KEY_FIELDS, ALL_FORMATS, work / f"d{i}",
                           work / f"delta{i}")
         truncated.append(diff.truncated)
-        m = commit(store, m, diff, dest, 1)
+        m = commit(m, diff, dest, 1)
     assert any(truncated), "the seed should put a TRUNCATE into an epoch-1 diff"
     state = StateBase.load(work / "state" / "epoch=1")
     assert state is not None
     base, segments = choose_base(g.reader, cuts[3], state=state)
     assert base == state
-    m = commit(store, m, build_snapshot(spark, base, segments, cuts[3], KEY_FIELDS, ALL_FORMATS, work / "st1",
+    m = commit(m, build_snapshot(spark, base, segments, cuts[3], KEY_FIELDS, ALL_FORMATS, work / "st1",
                                         work / "state" / "epoch=2"), dest, 2)
-    m = commit(store, m, build_diff(spark, g.reader.segments(cuts[3], cuts[4]), EmptyBase(cuts[3]), cuts[4],
+    m = commit(m, build_diff(spark, g.reader.segments(cuts[3], cuts[4]), EmptyBase(cuts[3]), cuts[4],
                                     KEY_FIELDS, ALL_FORMATS, work / "d2", work / "delta2"), dest, 2)
     assert m.head_position == cuts[4] and not m.problems()
     return g, dest, cuts

@@ -12,8 +12,10 @@ import pytest
 from resources.destinations.local import LocalDestination
 from snapshot_assets.archive.changes import Action, Change, Row
 from snapshot_assets.archive.keys import laredo_row_key
+from snapshot_assets.archive.positions import comparator
 from snapshot_assets.archive.reader import ArchiveReader
-from snapshot_assets.archive.writer import ArtifactWriter, ManifestStore
+from snapshot_assets.archive.writer import ArtifactWriter
+from snapshot_assets.pipeline.commit import commit_artifact
 from snapshot_assets.spark.parts import StagedFormat
 from snapshot_assets.spark.reconstruct import reconstruct_to_path
 from tests.spark.conftest import by_key, read_parts
@@ -60,13 +62,10 @@ def reader(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     fmt = request.param
     dest = LocalDestination(tmp_path_factory.mktemp(f"laredo-{fmt}"))
     writer = ArtifactWriter([dest], PREFIX, snapshot_formats=[fmt], diff_formats=[fmt])
-    store = ManifestStore([dest], PREFIX, "public.events")
-    m = store.load()
     for kind, epoch, lo, hi, items in STEPS:
         art = writer.write_snapshot(epoch, hi, items) if kind == "snapshot" else \
             writer.write_diff(epoch, lo or "", hi, items)
-        m = m.with_artifact(art)
-        store.commit(m)
+        commit_artifact([dest], PREFIX, "public.events", art, cmp=comparator("lsn"))
     return ArchiveReader(dest, PREFIX)
 
 
