@@ -10,7 +10,8 @@ A column type only ever holds a value it can give back exactly, as the row's Go-
 (`gojson.loads`):
 - BOOL, INT16/INT32/INT64, STRING: the value itself.
 - FLOAT64: a double whose cells read back the way the JSON number they came from decodes
-  (`number_value`): an integral value below 1e21 is an int (Go writes `3`, not `3.0`), NaN and
+  (`number_value`): an integral value below 1e21 is an int (Go writes `3`, not `3.0`, and beyond
+  2^53 the shortest round-trip digits padded with zeros), NaN and
   +-Infinity are the strings 'NaN', 'Infinity', '-Infinity' (how the PostgreSQL source carries float
   specials, which JSON cannot hold as numbers). No Go-JSON row holds a NaN float, so nothing is
   ambiguous.
@@ -30,6 +31,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from snapshot_assets.archive.errors import EncodeError
@@ -112,7 +114,8 @@ def number_value(value: float) -> int | float | str:
     if math.isinf(value):
         return "Infinity" if value > 0 else "-Infinity"
     if value.is_integer() and abs(value) < 1e21:
-        return int(value)
+        # Go prints the shortest digits that round-trip, then zeros: -2.0**60 is -1152921504606847000.
+        return int(value) if abs(value) < 2**53 else int(Decimal(repr(value)))
     return value
 
 

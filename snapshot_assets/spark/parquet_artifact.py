@@ -110,88 +110,145 @@ def image_type(schema: RowSchema) -> StructType:
 # --- reading a member of a row's text ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Parsed:
-    """A row text parsed twice: `raw` (member -> JSON text, or a string's contents) and `kinds`
-    (member -> variant). Both are null when the text is null or not a JSON object."""
-
-    raw: Column
-    variant: Column
-
-    @classmethod
-    def of(cls, text: Column) -> _Parsed:
-        return cls(F.from_json(text, "MAP<STRING,STRING>"), F.from_json(text, "MAP<STRING,VARIANT>"))
-
-    def value(self, name: Column) -> Column:
-        return F.try_element_at(self.raw, name)
-
-    def kind(self, name: Column) -> Column:
-        """One of the `row_schema.KIND_*` names, or 'absent' when the row lacks the member."""
-        member = F.try_element_at(self.variant, name)
-        kind = F.schema_of_variant(member)
-        raw = self.value(name)
-        return (F.when(member.isNull(), F.lit(_KIND_ABSENT))
-                .when(kind == "VOID", F.lit(KIND_NULL))
-                .when(kind == "STRING", F.lit(KIND_STRING))
-                .when(kind == "BOOLEAN", F.lit(KIND_BOOL))
-                .when(kind.startswith("OBJECT") | kind.startswith("ARRAY"), F.lit(KIND_NESTED))
-                .when(raw.rlike(_INT_TOKEN),
-                      F.when(raw.try_cast("bigint").isNull(), F.lit(KIND_BIGINT)).otherwise(F.lit(KIND_INT)))
-                .otherwise(F.lit(KIND_FLOAT)))
+def _kind(member: Column, raw: Column) -> Column:
+    """One of the `row_schema.KIND_*` names of a member (its variant and raw text), or 'absent'."""
+    kind = F.schema_of_variant(member)
+    return (F.when(member.isNull(), F.lit(_KIND_ABSENT))
+            .when(kind == "VOID", F.lit(KIND_NULL))
+            .when(kind == "STRING", F.lit(KIND_STRING))
+            .when(kind == "BOOLEAN", F.lit(KIND_BOOL))
+            .when(kind.startswith("OBJECT") | kind.startswith("ARRAY"), F.lit(KIND_NESTED))
+            .when(raw.rlike(_INT_TOKEN),
+                  F.when(raw.try_cast("bigint").isNull(), F.lit(KIND_BIGINT)).otherwise(F.lit(KIND_INT)))
+            .otherwise(F.lit(KIND_FLOAT)))
 
 
-def _cell(parsed: _Parsed, name: str, column_type: ColumnType) -> tuple[Column, Column]:
-    """(the typed cell, whether the member fits the type) for one column of a row."""
-    n = F.lit(name)
-    kind, raw = parsed.kind(n), parsed.value(n)
+def _raw_map(text: Column) -> Column:
+    """member -> its JSON text (a string member: its contents); null when not a JSON object."""
+    return F.from_json(text, "MAP<STRING,STRING>")
+
+
+def _variant_map(text: Column) -> Column:
+    """member -> its value as a variant (what kind it is; JSON null is a VOID variant)."""
+    return F.from_json(text, "MAP<STRING,VARIANT>")
+
+
+def _exact_digits(value: Column) -> Column:
+    """The exact decimal digits of an integral double below 1e21, without its sign. (Spark's double
+    to decimal cast goes through Double.toString, whose digits are not exact, so go through BIGINT:
+    exact below 2^63, and above it the double is a multiple of 2048, so value/1024 is exact.)"""
+    magnitude = F.abs(value)
+    big = (magnitude / 1024).try_cast("bigint").cast("decimal(38,0)") * F.lit(1024).cast("decimal(38,0)")
+    return (F.when(magnitude < float(2**62), magnitude.try_cast("bigint").cast("string"))
+            .when(magnitude < 1e21, big.cast("decimal(38,0)").cast("string")))
+
+
+def _round_significant(digits: Column, n: Column) -> Column:
+    """The integer written as `digits` rounded half-even to `n` significant digits, as DECIMAL(38,0)."""
+    width = F.length(digits)
+    cut = F.greatest(width - n, F.lit(0))
+    head = digits.substr(F.lit(1), width - cut).cast("decimal(38,0)")
+    tail = digits.substr(width - cut + 1, cut)
+    half = F.concat(F.lit("5"), F.repeat(F.lit("0"), F.greatest(cut - 1, F.lit(0))))
+    up = (cut > 0) & ((tail > half) | ((tail == half) & ((head % 2) == 1)))
+    rounded = head + F.when(up, F.lit(1)).otherwise(F.lit(0))
+    return F.concat(rounded.cast("string"), F.repeat(F.lit("0"), cut)).cast("decimal(38,0)")
+
+
+def _reads_back_as(cell: Column, raw: Column, digits: Column) -> Column:
+    """Whether a double `cell` parsed from the integer token `raw` reads back as `raw`
+    (`number_value`: below 2^53 the integer itself, above it the shortest round-trip digits padded
+    with zeros, which is what Go writes for a double); `digits` are `_exact_digits(cell)`. Checked
+    exactly in decimal arithmetic: `raw` must be the double's digits correctly rounded to its own
+    significant length, and no shorter rounding may give the same double. Java's Double.toString
+    is not used: before JDK 19 it sometimes prints a digit too many."""
+    magnitude = F.abs(cell)
+    small = (magnitude < float(2**53)) & (cell.try_cast("bigint") == raw.try_cast("bigint"))
+    wanted = F.regexp_replace(raw, "^-", "")
+    significant = F.length(F.regexp_replace(wanted, "0+$", ""))
+    closest = _round_significant(digits, significant) == wanted.try_cast("decimal(38,0)")
+    shortest = (significant <= 1) | (_round_significant(digits, significant - 1).cast("double") != magnitude)
+    large = (magnitude >= float(2**53)) & (magnitude < 1e21) & closest & shortest
+    return small | large
+
+
+def _cell(column_type: ColumnType, kind: Column, raw: Column, member: Column) -> Column:
+    """The typed cell of one member (null where it does not fit; `_fits` says which)."""
+    if column_type is ColumnType.BOOL:
+        return F.when(kind == KIND_BOOL, raw == "true")
+    if column_type in (ColumnType.INT16, ColumnType.INT32, ColumnType.INT64):
+        return F.when(kind == KIND_INT, raw.try_cast(SPARK_TYPES[column_type]))
+    if column_type is ColumnType.FLOAT64:
+        named = (kind == KIND_STRING) & raw.isin(*_FLOAT_NAMES)
+        return F.when(kind.isin(KIND_INT, KIND_BIGINT, KIND_FLOAT) | named, raw.try_cast("double"))
+    if column_type is ColumnType.STRING:
+        return F.when(kind == KIND_STRING, raw)
+    return F.when(kind == KIND_STRING, F.to_json(member)).when(~kind.isin(_KIND_ABSENT, KIND_NULL), raw)
+
+
+def _fits(column_type: ColumnType, kind: Column, raw: Column, cell: Column, digits: Column | None) -> Column:
+    """Whether the member reads back exactly from `cell` (absent and null members always do)."""
     empty = kind.isin(_KIND_ABSENT, KIND_NULL)
     if column_type is ColumnType.BOOL:
-        return F.when(kind == KIND_BOOL, raw == "true"), empty | (kind == KIND_BOOL)
+        return empty | (kind == KIND_BOOL)
     if column_type in (ColumnType.INT16, ColumnType.INT32, ColumnType.INT64):
-        cell = F.when(kind == KIND_INT, raw.try_cast(SPARK_TYPES[column_type]))
-        return cell, empty | cell.isNotNull()
+        return empty | cell.isNotNull()
     if column_type is ColumnType.FLOAT64:
-        number = kind.isin(KIND_INT, KIND_BIGINT, KIND_FLOAT)
+        assert digits is not None
         named = (kind == KIND_STRING) & raw.isin(*_FLOAT_NAMES)
-        cell = F.when(number | named, raw.try_cast("double"))
-        integral = kind.isin(KIND_INT, KIND_BIGINT)
-        exact = cell.try_cast("decimal(38,0)") == raw.try_cast("decimal(38,0)")
-        fits = empty | named | ((kind == KIND_FLOAT) & cell.isNotNull()) | (integral & F.coalesce(exact, F.lit(False)))
-        return cell, fits
+        fraction = (kind == KIND_FLOAT) & cell.isNotNull() & ~((F.abs(cell) < 1e21) & (cell % 1 == 0))
+        integral = kind.isin(KIND_INT, KIND_BIGINT) & F.coalesce(_reads_back_as(cell, raw, digits), F.lit(False))
+        return empty | named | fraction | integral
     if column_type is ColumnType.STRING:
-        return F.when(kind == KIND_STRING, raw), empty | (kind == KIND_STRING)
-    member = F.try_element_at(parsed.variant, n)
-    cell = F.when(kind == KIND_STRING, F.to_json(member)).when(~empty, raw)
-    return cell, F.lit(True)
+        return empty | (kind == KIND_STRING)
+    return F.lit(True)
 
 
-def image_struct(text: Column, schema: RowSchema, key: Column) -> Column:
-    """The typed image (`image_type(schema)`) of a row's Go-JSON `text`; null when `text` is null.
+def _ref(name: str) -> Column:
+    return F.col("`" + name.replace("`", "``") + "`")
 
-    Evaluating it raises (see `refusing_misfits`) when a member does not fit, naming `key`.
-    """
-    parsed = _Parsed.of(text)
-    cells: list[Column] = []
-    misfits: list[Column] = []
-    for column in schema.columns:
-        cell, fits = _cell(parsed, column.name, column.type)
-        cells.append(cell.alias(column.name))
-        misfits.append(F.when(~fits, F.lit(column.name)))
+
+def with_image(frame: DataFrame, text: Column, schema: RowSchema, key: Column, into: str) -> DataFrame:
+    """`frame` plus the struct column `into`: the typed image (`image_type(schema)`) of the Go-JSON
+    `text` (null where `text` is null). Evaluating it raises (see `refusing_misfits`) when a member
+    does not fit, naming `key`.
+
+    Built as a few projections (parse, classify, cast, check, assemble) rather than one expression:
+    each step refers to the previous step's columns, which keeps the plan small (one expression
+    repeating the classification in every check makes Catalyst's optimizer crawl)."""
+    t = f"__{into}_"
+    keep = [_ref(c) for c in frame.columns if c != into]
+    columns = list(enumerate(schema.columns))
     names = F.array(*[F.lit(n) for n in schema.names]) if schema.columns else F.array().cast("array<string>")
-    unknown = F.try_element_at(F.filter(F.map_keys(parsed.raw), lambda m: ~F.array_contains(names, m)), F.lit(1))
-    misfit = F.coalesce(*misfits, unknown) if misfits else unknown
-    absent = F.filter(names, lambda n: ~F.map_contains_key(parsed.raw, n))
-    absent = F.when(F.size(absent) > 0, absent)
+    staged = frame.select(*keep, text.alias(t + "text"), key.cast("string").alias(t + "key"),
+                          _raw_map(text).alias(t + "raw"), _variant_map(text).alias(t + "var"))
+    raw_map, var_map = F.col(t + "raw"), F.col(t + "var")
+    staged = staged.select("*", *[x for i, c in columns for x in (
+        F.try_element_at(raw_map, F.lit(c.name)).alias(f"{t}r{i}"),
+        _kind(F.try_element_at(var_map, F.lit(c.name)), F.try_element_at(raw_map, F.lit(c.name))).alias(f"{t}k{i}"))])
+    staged = staged.select("*", *[_cell(c.type, F.col(f"{t}k{i}"), F.col(f"{t}r{i}"),
+                                        F.try_element_at(var_map, F.lit(c.name))).alias(f"{t}c{i}")
+                                  for i, c in columns])
+    staged = staged.select("*", *[_exact_digits(F.col(f"{t}c{i}")).alias(f"{t}d{i}")
+                                  for i, c in columns if c.type is ColumnType.FLOAT64])
+    staged = staged.select("*", *[_fits(c.type, F.col(f"{t}k{i}"), F.col(f"{t}r{i}"), F.col(f"{t}c{i}"),
+                                        F.col(f"{t}d{i}") if c.type is ColumnType.FLOAT64 else None).alias(f"{t}f{i}")
+                                  for i, c in columns])
+    unknown = F.try_element_at(F.filter(F.map_keys(raw_map), lambda m: ~F.array_contains(names, m)), F.lit(1))
+    misfit = F.coalesce(*[F.when(~F.col(f"{t}f{i}"), F.lit(c.name)) for i, c in columns], unknown)
+    staged = staged.select("*", misfit.alias(t + "misfit"))
+    misfit = F.col(t + "misfit")
+    absent = F.filter(names, lambda n: ~F.map_contains_key(raw_map, n))
     types = F.create_map(*[x for c in schema.columns for x in (F.lit(c.name), F.lit(c.type.value))]) \
         if schema.columns else F.create_map().cast("map<string,string>")
     report = F.to_json(F.struct(
-        F.when(parsed.raw.isNotNull(), misfit).alias("column"), key.cast("string").alias("key"),
+        F.when(raw_map.isNotNull(), misfit).alias("column"), F.col(t + "key").alias("key"),
         F.coalesce(F.try_element_at(types, misfit), F.lit("no such column")).alias("type"),
-        F.substring(F.coalesce(F.try_element_at(parsed.raw, misfit), text), 1, 200).alias("value")))
-    guarded = (F.when(parsed.raw.isNull() | misfit.isNotNull(), F.raise_error(F.concat(F.lit(MISFIT_MARKER), report)))
-               .otherwise(absent))
-    struct = F.struct(*cells, guarded.alias(ABSENT_COLUMN)).cast(image_type(schema))
-    return F.when(text.isNotNull(), struct)
+        F.substring(F.coalesce(F.try_element_at(raw_map, misfit), F.col(t + "text")), 1, 200).alias("value")))
+    guarded = (F.when(raw_map.isNull() | misfit.isNotNull(), F.raise_error(F.concat(F.lit(MISFIT_MARKER), report)))
+               .otherwise(F.when(F.size(absent) > 0, absent)))
+    image = F.struct(*[F.col(f"{t}c{i}").alias(c.name) for i, c in columns], guarded.alias(ABSENT_COLUMN))
+    return staged.select(*keep, F.when(F.col(t + "text").isNotNull(), image.cast(image_type(schema))).alias(into))
 
 
 def typed_columns(frame: DataFrame, schema: RowSchema, *, text: str = "row", key: str = "key",
@@ -199,7 +256,7 @@ def typed_columns(frame: DataFrame, schema: RowSchema, *, text: str = "row", key
     """`frame` with the typed image of its Go-JSON column `text` added as the struct column `into`
     (the schema's columns and `__snapshotter_absent__`). Any action over it raises, through
     `refusing_misfits`, a `SchemaMisfit` for a value that does not fit, naming the `key` column's value."""
-    return frame.withColumn(into, image_struct(F.col(text), schema, F.col(key)))
+    return with_image(frame, _ref(text), schema, _ref(key), into)
 
 
 @contextmanager
@@ -235,12 +292,11 @@ def infer_row_schema(frame: DataFrame, texts: Sequence[str] = ("row",)) -> RowSc
     the JVM collecting each member's kinds; columns in name order (the order Go-JSON writes them)."""
     if not texts:
         raise ValueError("infer_row_schema needs at least one text column")
-    text = F.explode(F.array(*[F.col(t) for t in texts])) if len(texts) > 1 else F.col(texts[0])
+    text = F.explode(F.array(*[_ref(t) for t in texts])) if len(texts) > 1 else _ref(texts[0])
     rows = frame.select(text.alias("t")).where("t IS NOT NULL")
-    parsed = _Parsed.of(F.col("t"))
-    members = rows.select(F.explode(F.map_keys(parsed.variant)).alias("name"), parsed.raw.alias("raw"),
-                          parsed.variant.alias("variant"))
-    kind = _Parsed(F.col("raw"), F.col("variant")).kind(F.col("name"))
+    parsed = rows.select(_raw_map(F.col("t")).alias("raw"), _variant_map(F.col("t")).alias("var"))
+    members = parsed.select(F.explode(F.map_keys("var")).alias("name"), "raw", "var")
+    kind = _kind(F.try_element_at(F.col("var"), F.col("name")), F.try_element_at(F.col("raw"), F.col("name")))
     kinds = members.select("name", kind.alias("kind")).groupBy("name").agg(F.collect_set("kind").alias("kinds"))
     return RowSchema.of((r["name"], column_type_of_kinds(r["kinds"])) for r in sorted(kinds.collect()))
 
@@ -314,8 +370,9 @@ def _json_key(text: str | None) -> str | None:
 
 # Python UDFs, only for key columns of FLOAT64/JSON type, only over a diff's changes (Go's %v of a
 # float has no Spark SQL equivalent); integer, string and boolean keys are formatted in SQL.
-_NUMBER_KEY = F.udf(_number_key, StringType())
-_JSON_KEY = F.udf(_json_key, StringType())
+# (Wrapped in lambdas: given annotated functions, PySpark tries to read a pandas UDF from the hints.)
+_NUMBER_KEY = F.udf(lambda value: _number_key(value), StringType())
+_JSON_KEY = F.udf(lambda text: _json_key(text), StringType())
 
 
 def _key_text(cell: Column, column_type: ColumnType) -> Column:
@@ -351,11 +408,12 @@ def written_key(old: Column, new: Column, schema: RowSchema, key_fields: Sequenc
 def diff_frame(net: DataFrame, schema: RowSchema, key_fields: Sequence[str], *, truncated: bool) -> DataFrame:
     """The diff layout (action, key, old, new) of NET_DDL rows, with `__order`/`__key` to sort by:
     a TRUNCATE first when `truncated`, then the changes by their typed key."""
-    old = image_struct(F.col("old"), schema, F.col("key"))
-    new = image_struct(F.col("new"), schema, F.col("key"))
-    changes = net.select(F.lit(1).alias("__order"), F.col("key").alias("__key"), F.col("action"),
-                         written_key(old, new, schema, key_fields, F.col("change_key")).alias("key"),
-                         old.alias("old"), new.alias("new"))
+    images = with_image(net, F.col("old"), schema, F.col("key"), "__old")
+    images = with_image(images, F.col("new"), schema, F.col("key"), "__new")
+    old, new = F.col("__old"), F.col("__new")
+    changes = images.select(F.lit(1).alias("__order"), F.col("key").alias("__key"), F.col("action"),
+                            written_key(old, new, schema, key_fields, F.col("change_key")).alias("key"),
+                            old.alias("old"), new.alias("new"))
     if not truncated:
         return changes
     image = image_type(schema)
