@@ -112,8 +112,12 @@ def image_type(schema: RowSchema) -> StructType:
 
 def _kind(member: Column, raw: Column) -> Column:
     """One of the `row_schema.KIND_*` names of a member (its variant and raw text), or 'absent'."""
-    kind = F.schema_of_variant(member)
-    return (F.when(member.isNull(), F.lit(_KIND_ABSENT))
+    return _kind_of(F.schema_of_variant(member), raw)
+
+
+def _kind_of(kind: Column, raw: Column) -> Column:
+    """`_kind` from the member's `schema_of_variant` (null when absent) and raw text."""
+    return (F.when(kind.isNull(), F.lit(_KIND_ABSENT))
             .when(kind == "VOID", F.lit(KIND_NULL))
             .when(kind == "STRING", F.lit(KIND_STRING))
             .when(kind == "BOOLEAN", F.lit(KIND_BOOL))
@@ -225,7 +229,9 @@ def with_image(frame: DataFrame, text: Column, schema: RowSchema, key: Column, i
     raw_map, var_map = F.col(t + "raw"), F.col(t + "var")
     staged = staged.select("*", *[x for i, c in columns for x in (
         F.try_element_at(raw_map, F.lit(c.name)).alias(f"{t}r{i}"),
-        _kind(F.try_element_at(var_map, F.lit(c.name)), F.try_element_at(raw_map, F.lit(c.name))).alias(f"{t}k{i}"))])
+        F.schema_of_variant(F.try_element_at(var_map, F.lit(c.name))).alias(f"{t}v{i}"))])
+    staged = staged.select("*", *[_kind_of(F.col(f"{t}v{i}"), F.col(f"{t}r{i}")).alias(f"{t}k{i}")
+                                  for i, c in columns])
     staged = staged.select("*", *[_cell(c.type, F.col(f"{t}k{i}"), F.col(f"{t}r{i}"),
                                         F.try_element_at(var_map, F.lit(c.name))).alias(f"{t}c{i}")
                                   for i, c in columns])
@@ -234,11 +240,15 @@ def with_image(frame: DataFrame, text: Column, schema: RowSchema, key: Column, i
     staged = staged.select("*", *[_fits(c.type, F.col(f"{t}k{i}"), F.col(f"{t}r{i}"), F.col(f"{t}c{i}"),
                                         F.col(f"{t}d{i}") if c.type is ColumnType.FLOAT64 else None).alias(f"{t}f{i}")
                                   for i, c in columns])
-    unknown = F.try_element_at(F.filter(F.map_keys(raw_map), lambda m: ~F.array_contains(names, m)), F.lit(1))
+    # No lambdas (higher-order functions are interpreted, row by row): count the members the
+    # schema names, and only name an unknown one when there is one.
+    present = sum((F.col(f"{t}k{i}") != _KIND_ABSENT).cast("int") for i, _ in columns) if columns else F.lit(0)
+    unknown = F.when(F.size(raw_map) > present, F.try_element_at(F.array_except(F.map_keys(raw_map), names), F.lit(1)))
     misfit = F.coalesce(*[F.when(~F.col(f"{t}f{i}"), F.lit(c.name)) for i, c in columns], unknown)
     staged = staged.select("*", misfit.alias(t + "misfit"))
     misfit = F.col(t + "misfit")
-    absent = F.filter(names, lambda n: ~F.map_contains_key(raw_map, n))
+    absent = F.array_compact(F.array(*[F.when(F.col(f"{t}k{i}") == _KIND_ABSENT, F.lit(c.name)) for i, c in columns])) \
+        if columns else F.array().cast("array<string>")
     types = F.create_map(*[x for c in schema.columns for x in (F.lit(c.name), F.lit(c.type.value))]) \
         if schema.columns else F.create_map().cast("map<string,string>")
     report = F.to_json(F.struct(
@@ -327,15 +337,17 @@ def _check_names(frame: DataFrame, names: Sequence[str]) -> None:
 def write_parquet_file(frame: DataFrame, out_path: Path | str, *, order: Sequence[str] = ()) -> WrittenParquet:
     """Write `frame` as ONE parquet file at `out_path` (replacing it) with Spark's writer.
 
-    `order` sorts the rows (in the single writing task) and is dropped from the output. The file
-    is written into a temporary folder beside `out_path`, so the rename stays on one filesystem.
+    Without `order`, the frame's partitions are concatenated as they are (`coalesce(1)`): cheap
+    and deterministic when the frame is read from stored files, but everything upstream then runs
+    in the one writing task. With `order`, the upstream runs in parallel, its rows are shuffled
+    into one partition and sorted by `order` (deterministic whatever the shuffle), and the `order`
+    columns are dropped from the output. The file is written into a temporary folder beside
+    `out_path`, so the final rename stays on one filesystem.
     """
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = out.with_name(f".{out.name}.{uuid.uuid4().hex}.spark")
-    single = frame.coalesce(1)
-    if order:
-        single = single.sortWithinPartitions(*order).drop(*order)
+    single = frame.repartition(1).sortWithinPartitions(*order).drop(*order) if order else frame.coalesce(1)
     try:
         with refusing_misfits():
             (single.write.option("compression", "snappy").option("parquet.block.size", ROW_GROUP_BYTES)
@@ -349,12 +361,21 @@ def write_parquet_file(frame: DataFrame, out_path: Path | str, *, order: Sequenc
     return WrittenParquet(out, out.stat().st_size, pq.read_metadata(out).num_rows)
 
 
-def write_snapshot(frame: DataFrame, out_path: Path | str, *, columns: str = "columns") -> WrittenParquet:
-    """A snapshot artifact from the typed struct column `columns` (see `typed_columns`)."""
+def write_snapshot(frame: DataFrame, out_path: Path | str, *, columns: str = "columns",
+                   order_by: str | None = None) -> WrittenParquet:
+    """A snapshot artifact from the typed struct column `columns` (see `typed_columns`).
+
+    For a frame read from a state dataset that already holds the typed columns, leave `order_by`
+    unset (the stored order is kept, one task writes). For a frame that still has to be typed
+    (or joined), name its key column as `order_by`: the typing then runs in parallel and the
+    rows are written sorted by it."""
     image = frame.schema[columns].dataType
     assert isinstance(image, StructType)
     _check_names(frame, image.fieldNames())
-    return write_parquet_file(frame.select(f"`{columns}`.*"), out_path)
+    fields = [F.col(f"`{columns}`").getField(name).alias(name) for name in image.fieldNames()]
+    if order_by is None:
+        return write_parquet_file(frame.select(*fields), out_path)
+    return write_parquet_file(frame.select(*fields, _ref(order_by).alias("__order")), out_path, order=("__order",))
 
 
 # --- diffs ---------------------------------------------------------------------------------------------------
