@@ -21,7 +21,8 @@ Spark keeps StructField metadata in the file footer (`org.apache.spark.sql.parqu
 which is where the `snapshotter.encoding` facts live; the project's reader reads them from there.
 The bytes are a function of the rows and their order: Spark writes no time or host into a parquet
 file. A diff is sorted (TRUNCATE first, then by key), so its bytes do not depend on the shuffle;
-a snapshot keeps the order of the frame it is given (the state's files, read in order).
+a snapshot keeps the order of the frame it is given (the state's files, read in order), or is
+sorted by key when asked (`order_by`), which also lets an expensive upstream run in parallel.
 
 Schemaless sources: `infer_row_schema` classifies every member of every row (one aggregation in
 the JVM) and merges the kinds per column with the Python writer's rule.
