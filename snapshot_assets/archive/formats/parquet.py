@@ -30,6 +30,14 @@ the column types on the way, and writes the parquet file on `close()` from the s
 8192 rows (row groups of 65536). Memory stays bounded by one batch; no value is ever re-typed.
 Values nested in dicts/lists are checked when they are encoded, during `close()`.
 
+Files written by Spark's own writer (`snapshot_assets.spark.parquet_artifact`, one file per
+artifact, typed from the table's schema: `archive.row_schema`) carry no Arrow schema; Spark keeps the
+same `snapshotter.encoding` field metadata (also inside the diff's structs) in its own footer entry
+(`org.apache.spark.sql.parquet.row.metadata`), which the reader lays over the Arrow schema. They add
+one encoding, `number` (a double column: integral values read back as ints, NaN/+-Infinity as
+their names, as the Go-JSON text they were written from decodes), and always carry the absent
+column. So both writers' files read back to the same Python values.
+
 Reading needs a seekable source (parquet's footer is at the end): a non-seekable stream, or one
 not positioned at its start, is first copied to a spooled temporary file. Row groups are read
 batch by batch.
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import json
 import pickle
 import shutil
 import tempfile
@@ -51,7 +60,7 @@ from typing import IO, Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from snapshot_assets.archive import gojson
+from snapshot_assets.archive import gojson, row_schema
 from snapshot_assets.archive.changes import Change, Row, as_row
 from snapshot_assets.archive.errors import CorruptArtifact, EncodeError
 from snapshot_assets.archive.gojson import Kind, UnsupportedValue
@@ -61,9 +70,10 @@ BATCH_ROWS = 8192
 ROW_GROUP_ROWS = 65536
 SPOOL_MEMORY_BYTES = 32 * 1024 * 1024
 
-ENCODING_KEY = b"snapshotter.encoding"
+ENCODING_KEY = row_schema.ENCODING_KEY.encode()
 ARTIFACT_KEY = b"snapshotter.artifact"
-ABSENT_COLUMN = "__snapshotter_absent__"
+ABSENT_COLUMN = row_schema.ABSENT_COLUMN
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -149,8 +159,8 @@ _STORAGE = {
     _Col.BINARY: _Storage(pa.binary()),
     _Col.TIMESTAMP: _Storage(pa.timestamp("us", tz="UTC"), cell=_utc),
     _Col.DATE: _Storage(pa.date32()),
-    _Col.DECIMAL: _Storage(pa.string(), b"decimal", gojson.decimal_text),
-    _Col.JSON: _Storage(pa.string(), b"json", gojson.encode_value),
+    _Col.DECIMAL: _Storage(pa.string(), row_schema.ENCODING_DECIMAL.encode(), gojson.decimal_text),
+    _Col.JSON: _Storage(pa.string(), row_schema.ENCODING_JSON.encode(), gojson.encode_value),
 }
 
 
@@ -219,7 +229,8 @@ class _Plan:
     def fields(self) -> list[pa.Field]:
         fields = [_field(name, col) for name, col in self._cols.items()]
         if self._needs_absent:
-            fields.append(pa.field(ABSENT_COLUMN, pa.list_(pa.string()), metadata={ENCODING_KEY: b"absent"}))
+            fields.append(pa.field(ABSENT_COLUMN, pa.list_(pa.string()),
+                                   metadata={ENCODING_KEY: row_schema.ENCODING_ABSENT.encode()}))
         return fields
 
     def arrays(
@@ -463,10 +474,37 @@ def _batches(src: BinaryIO, artifact: bytes) -> Iterator[pa.RecordBatch]:
             if written_as != artifact:
                 raise CorruptArtifact(f"parquet artifact holds a {written_as.decode(errors='replace')}, "
                                       f"not a {artifact.decode()}")
-            batches = file.iter_batches(batch_size=BATCH_ROWS)
-            yield from batches
+            footer = file.metadata.metadata or {}
+            annotated = _annotated(file.schema_arrow, footer.get(SPARK_SCHEMA_KEY))
+            for batch in file.iter_batches(batch_size=BATCH_ROWS):
+                yield batch if annotated is None else pa.RecordBatch.from_arrays(batch.columns, schema=annotated)
         except (pa.ArrowException, OSError) as exc:
             raise CorruptArtifact(f"parquet artifact cannot be read: {exc}") from None
+
+
+def _annotated(schema: pa.Schema, spark_schema: bytes | None) -> pa.Schema | None:
+    """`schema` with the field metadata a Spark-written file keeps in its own footer entry (None
+    when the file was not written by Spark)."""
+    if spark_schema is None:
+        return None
+    try:
+        fields = json.loads(spark_schema)["fields"]
+        return pa.schema([_annotated_field(f, s) for f, s in zip(schema, fields, strict=True)],
+                         metadata=schema.metadata)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptArtifact(f"parquet artifact has an unreadable Spark schema: {exc!r}") from None
+
+
+def _annotated_field(field: pa.Field, spark: dict[str, Any]) -> pa.Field:
+    if spark["name"] != field.name:
+        raise CorruptArtifact(f"parquet Spark schema names {spark['name']!r} where the file has {field.name!r}")
+    inner = spark["type"]
+    type_ = field.type
+    if pa.types.is_struct(type_) and isinstance(inner, dict) and inner.get("type") == "struct":
+        type_ = pa.struct([_annotated_field(type_.field(i), s) for i, s in enumerate(inner["fields"])])
+    encoding = (spark.get("metadata") or {}).get(row_schema.ENCODING_KEY)
+    annotated = field.with_type(type_)
+    return annotated.with_metadata({ENCODING_KEY: encoding.encode()}) if encoding else annotated
 
 
 def _decode(field: pa.Field, array: pa.Array) -> list[Any]:
@@ -481,7 +519,11 @@ def _decode(field: pa.Field, array: pa.Array) -> list[Any]:
         raise CorruptArtifact(f"parquet column {field.name!r} holds an undecodable cell: {exc}") from None
 
 
-_DECODERS: dict[bytes, Callable[[str], Any]] = {b"json": gojson.loads, b"decimal": Decimal}
+_DECODERS: dict[bytes, Callable[[Any], Any]] = {
+    row_schema.ENCODING_JSON.encode(): gojson.loads,
+    row_schema.ENCODING_DECIMAL.encode(): Decimal,
+    row_schema.ENCODING_NUMBER.encode(): row_schema.number_value,
+}
 
 
 def _rows(fields: Sequence[pa.Field], arrays: Sequence[pa.Array], num_rows: int) -> list[Row]:
@@ -490,7 +532,7 @@ def _rows(fields: Sequence[pa.Field], arrays: Sequence[pa.Array], num_rows: int)
     columns: list[list[Any]] = []
     absent: list[list[str] | None] | None = None
     for field, array in zip(fields, arrays, strict=True):
-        if (field.metadata or {}).get(ENCODING_KEY) == b"absent":
+        if (field.metadata or {}).get(ENCODING_KEY) == row_schema.ENCODING_ABSENT.encode():
             absent = array.to_pylist()
         else:
             names.append(field.name)
@@ -511,7 +553,7 @@ def _images(batch: pa.RecordBatch, name: str) -> list[Row | None]:
     array = batch.column(index)
     if not pa.types.is_struct(array.type):
         return [None] * batch.num_rows  # the null column of an image-less diff
-    struct_type = array.type
+    struct_type = batch.schema.field(index).type  # the schema's type carries the fields' metadata
     fields = [struct_type.field(i) for i in range(struct_type.num_fields)]
     rows = _rows(fields, array.flatten(), batch.num_rows)
     valid = array.is_valid().to_pylist()
