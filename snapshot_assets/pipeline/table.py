@@ -176,14 +176,14 @@ class TablePipeline:
             built = build_diff(spark, reader.segments(m.head_position, nxt.to_position), base, nxt.to_position,
                                key_fields, self.cfg.diff_formats, self.staging,
                                self._delta_dir(epoch, m.head_position, nxt.to_position),
-                               state_formats=self.cfg.snapshot_formats)
+                               state_formats=self.cfg.snapshot_formats, schema=self._row_schema(nxt.to_position))
         else:
             epoch = m.epoch + 1
             base, segments = choose_base(reader, nxt.to_position, state=state, artifact=artifact, cmp=self.cmp)
             built = build_snapshot(spark, base, segments, nxt.to_position, key_fields,
                                    self.cfg.snapshot_formats, self.staging, self.state_root / f"epoch={epoch}",
                                    previous_keys=self._reusable_objects(previous, state),
-                                   bucket_bytes=self.cfg.bucket_bytes)
+                                   bucket_bytes=self.cfg.bucket_bytes, schema=self._row_schema(nxt.to_position))
             shutil.rmtree(self.base_cache, ignore_errors=True)
         refs = assemble(built, self.destinations, self.cfg.key_prefix, epoch)
         shutil.rmtree(self.staging, ignore_errors=True)
@@ -283,14 +283,25 @@ class TablePipeline:
         released = self._release_buffer(result.manifest)
         return CommitReport(result, deleted, orphans, delivery, released)
 
+    def _row_schema(self, position: str) -> Any:
+        """The parquet columns of the rows at `position` from the source's own description (a
+        PostgreSQL table's columns); None for sources that describe nothing (inferred from the rows)."""
+        from snapshot_assets.archive.row_schema import RowSchema
+
+        columns = self._columns_at(position)
+        return None if columns is None else RowSchema.from_manifest_columns(columns)
+
     def _columns(self, art: Artifact) -> list[dict[str, Any]] | None:
         """The manifest's `columns` for a PostgreSQL source: the table as the source described the
         rows through `art` (the buffer keeps that per segment), so a schema change reaches the
         manifest with the snapshot it forced. None (keep what the manifest has) for other sources,
         whose servers describe the table themselves, or when the buffer no longer holds it."""
+        return self._columns_at(art.to_position)
+
+    def _columns_at(self, position: str) -> list[dict[str, Any]] | None:
         if self.cfg.source.type != "postgres":
             return None
-        schema = self.buffer().schema_at(art.to_position)
+        schema = self.buffer().schema_at(position)
         return None if schema is None else [column.definition() for column in schema.columns]
 
     def settle(self, art: Artifact) -> bool:

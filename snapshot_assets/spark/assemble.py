@@ -7,10 +7,8 @@
   is what both formats define as empty. A snapshot built from the bucketed state also names byte
   ranges of the previous snapshot object (`Reuse`: its untouched buckets): it is assembled as a
   multipart upload (`_put_pieces`) whose reused ranges are copied on the destination itself.
-* parquet: the parts are uploaded as a folder `<key>/part-00000.parquet`, `part-00001...`
-  (renumbered densely, empty parts skipped; the project's reader and Spark read a folder).
-  An artifact with no rows still gets one valid, empty file so it stays readable. Parts left under
-  the folder by an earlier attempt with more parts are deleted, so a re-run converges.
+* parquet: Spark's writer stages ONE file (`parquet_artifact`), uploaded as the object. (Archives
+  written before kept parquet as a folder of part files; the readers read both.)
 
 Returns, per format, the manifest's `FormatRef` (URI and size on the first destination).
 """
@@ -41,7 +39,6 @@ from snapshot_assets.spark.parts import BuiltArtifact, Reuse, StagedFormat
 
 log = logging.getLogger(__name__)
 
-FOLDER_FORMATS = frozenset({"parquet"})
 _CHUNK = 1 << 20
 
 
@@ -148,25 +145,6 @@ def empty_artifact(kind: str, format_id: str) -> bytes:
         return out.read()
 
 
-def _put_folder(dest: Destination, key: str, kind: str, staged: StagedFormat) -> tuple[str, int]:
-    ext = get_format(staged.format_id).extension
-    parts = [p for p in staged.files() if p.stat().st_size > 0]
-    written: set[str] = set()
-    size = 0
-    if not parts:
-        part_key = f"{key}/part-00000{ext}"
-        size += dest.put(part_key, empty_artifact(kind, staged.format_id)).size
-        written.add(part_key)
-    for i, path in enumerate(parts):
-        part_key = f"{key}/part-{i:05d}{ext}"
-        with open(path, "rb") as src:
-            size += dest.put(part_key, src).size
-        written.add(part_key)
-    for stale in [o.key for o in dest.list(key + "/") if o.key not in written]:
-        dest.delete(stale)
-    return dest.uri(key), size
-
-
 def assemble(built: BuiltArtifact, destinations: Sequence[Destination], key_prefix: str,
              epoch: int) -> dict[str, FormatRef]:
     """Upload every format of `built` to every destination; the manifest's format references."""
@@ -176,10 +154,7 @@ def assemble(built: BuiltArtifact, destinations: Sequence[Destination], key_pref
     for fid, staged in built.formats.items():
         key = artifact_key(key_prefix, built, epoch, get_format(fid).extension)
         for i, dest in enumerate(destinations):
-            if fid in FOLDER_FORMATS:
-                uri, size = _put_folder(dest, key, built.kind, staged)
-            else:
-                uri, size = _put_concatenated(dest, key, staged)
+            uri, size = _put_concatenated(dest, key, staged)
             if i == 0:
                 refs[fid] = FormatRef(uri=uri, size_bytes=size)
         log.info("assembled %s %s: %d part(s), %d bytes, %d destination(s)", built.kind, fid,

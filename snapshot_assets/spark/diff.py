@@ -26,11 +26,14 @@ from pyspark.sql import SparkSession
 
 from resources.buffer.reader import SegmentRef
 from snapshot_assets.archive.changes import Action, Change
+from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.spark.bases import Base, write_delta
 from snapshot_assets.spark.effects import default_partitions
+from snapshot_assets.spark.parquet_artifact import infer_row_schema, write_diff
 from snapshot_assets.spark.parts import (
     BuiltArtifact,
     PartSink,
+    StagedFormat,
     collect_parts,
     encode_diff_parts,
     prepare_staging,
@@ -44,7 +47,8 @@ TRUNCATE_PART = 0  # the driver's part; task parts are numbered from 1
 
 def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_position: str,
                key_fields: Sequence[str], formats: Sequence[str], staging_dir: Path | str, delta_dir: Path | str, *,
-               partitions: int | None = None, state_formats: Sequence[str] = ()) -> BuiltArtifact:
+               partitions: int | None = None, state_formats: Sequence[str] = (),
+               schema: RowSchema | None = None) -> BuiltArtifact:
     """Collapse the buffer changes of `segments` (the window (base.position, to]) and stage every diff format.
 
     `base` is the table at the diff's `from` (the images the window's changes omit come from it);
@@ -52,7 +56,8 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     `bases.DeltaSet`) and the parts are encoded from there. `details["delta"]` is that DeltaSet.
     `partitions` is the shuffle width (default `spark.sql.shuffle.partitions`); `state_formats` are the
     snapshot formats the delta's new images are encoded for (`state.encode_net`), so the next
-    snapshot merges their bytes instead of encoding them.
+    snapshot merges their bytes instead of encoding them; `schema` types the parquet diff (None:
+    inferred from the diff's own images).
     """
     from_position = base.position
     if not from_position or not to_position or from_position == to_position:
@@ -65,12 +70,21 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     width = partitions or default_partitions(spark)
     window = net_window(spark, segments, base, fields, partitions=width, scratch=staging / "_work")
     delta = write_delta(window.net, delta_dir, from_position, to_position, window.truncated, fields, state_formats)
-    reports = encode_diff_parts(delta.frame(spark), staging, fmts, fields, first_part=TRUNCATE_PART + 1)
-    if window.truncated:
-        sink = PartSink(staging, fmts, TRUNCATE_PART, "diff", fields)
+    encoded = tuple(f for f in fmts if f != "parquet")  # record formats: the project's writers, per net change
+    reports = encode_diff_parts(delta.frame(spark), staging, encoded, fields, first_part=TRUNCATE_PART + 1) \
+        if encoded else []
+    if window.truncated and encoded:
+        sink = PartSink(staging, encoded, TRUNCATE_PART, "diff", fields)
         sink.write(Change(Action.TRUNCATE))
         reports.extend(dict(zip(("format", "part", "path", "bytes", "count"), r, strict=True)) for r in sink.close())
-    staged, count = collect_parts(reports, fmts)
+    staged, count = collect_parts(reports, encoded)
+    if "parquet" in fmts:  # Spark's writer, one file, typed by the table's schema or the diff's own images
+        net = delta.frame(spark)
+        written = write_diff(net, schema or infer_row_schema(net, texts=("old", "new")),
+                             staging / "parquet" / "diff.parquet", fields, truncated=window.truncated)
+        if encoded and written.rows != count:
+            raise RuntimeError(f"the parquet diff holds {written.rows} changes, the other formats {count}")
+        staged["parquet"], count = StagedFormat("parquet", (written.path,), written.bytes), written.rows
     built = BuiltArtifact("diff", from_position, to_position, count, staged, window.truncated,
                           time.monotonic() - started,
                           {"segments": len(segments), "partitions": width, "delta": delta})

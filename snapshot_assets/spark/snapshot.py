@@ -23,7 +23,7 @@ import functools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +32,11 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from resources.buffer.reader import SegmentRef
+from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.spark.bases import Base, LayeredBase, latest_images
 from snapshot_assets.spark.effects import default_partitions, materialize
-from snapshot_assets.spark.parts import (
-    BuiltArtifact,
-    Reuse,
-    StagedFormat,
-    collect_parts,
-    encode_snapshot_parts,
-    prepare_staging,
-)
+from snapshot_assets.spark.parquet_artifact import SchemaMisfit, infer_row_schema, typed_columns, write_snapshot
+from snapshot_assets.spark.parts import BuiltArtifact, Reuse, StagedFormat, prepare_staging
 from snapshot_assets.spark.state import (
     BYTE_FORMATS,
     MAX_GROWTH,
@@ -72,14 +67,17 @@ class StateBuild:
     mode: str
 
 
-def _incremental_base(base: Base, fields: tuple[str, ...], formats: Sequence[str]) -> LayeredBase | None:
+def _incremental_base(base: Base, fields: tuple[str, ...], formats: Sequence[str],
+                      schema: RowSchema | None) -> LayeredBase | None:
     """The layered bucketed state an incremental build can start from, or None."""
     layered = LayeredBase(base, ()) if isinstance(base, StateBase) else base
     if not isinstance(layered, LayeredBase) or not layered.state.buckets or layered.truncated:
         return None
-    needed = {f for f in formats if f in BYTE_FORMATS}
-    if layered.state.key_fields != fields or not needed <= set(layered.state.formats):
-        return None
+    state = layered.state
+    if state.key_fields != fields or set(formats) != set(state.formats):
+        return None  # the bytes or typed columns of another set of formats
+    if "parquet" in formats and (state.schema is None or (schema is not None and schema != state.schema)):
+        return None  # the table's shape changed: type every row again
     return layered
 
 
@@ -88,18 +86,25 @@ def _blobs(reports: Iterable[Any]) -> dict[tuple[str, int], Path]:
 
 
 def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], formats: Sequence[str], pool: Path,
-          staging: Path, state_dir: Path, position: str, bucket_bytes: int) -> StateBuild:
+          staging: Path, state_dir: Path, position: str, bucket_bytes: int, schema: RowSchema | None) -> StateBuild:
     stats = table.selectExpr("count(*) AS n", "coalesce(sum(octet_length(row) + 1), 0) AS b").collect()[0]
     rows, size = int(stats["n"]), int(stats["b"])
     bounds = sample_bounds(table, bucket_count(rows, size, bucket_bytes), rows)
-    reports = write_buckets(encode_rows(table, fields, formats), bounds, len(bounds) + 1, pool, staging, formats)
+    encoded = encode_rows(table, fields, formats)
+    if "parquet" in formats:  # the typed columns, once per row as it enters; the schema once per epoch
+        schema = schema or infer_row_schema(table)
+        encoded = typed_columns(encoded, schema)
+    reports = write_buckets(encoded, bounds, len(bounds) + 1, pool, staging, formats)
     buckets = buckets_from_reports(reports, bounds)
-    state = StateBase(str(state_dir), position, sum(b.rows for b in buckets), fields, buckets, tuple(formats))
+    state = StateBase(str(state_dir), position, sum(b.rows for b in buckets), fields, buckets, tuple(formats),
+                      schema if "parquet" in formats else None)
     return StateBuild(state, frozenset(i for i, b in enumerate(buckets) if b.path), _blobs(reports), "full")
 
 
 def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | None, fields: tuple[str, ...],
                  formats: Sequence[str], pool: Path, staging: Path, state_dir: Path, position: str) -> StateBuild:
+    """Rewrite the buckets the changes since the state fall in. SchemaMisfit when a changed row does
+    not fit the state's typed columns (the caller re-types the table with a new schema)."""
     state = layered.state
     layers = [d.rows(spark, formats) or encode_rows(d.frame(spark).selectExpr("key", "new AS row"), fields, formats)
               for d in layered.deltas]
@@ -107,15 +112,21 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
         layers.append(encode_rows(window.selectExpr("key", "new AS row"), fields, formats))
     bounds = state.bounds
     if not layers:
-        return StateBuild(StateBase(str(state_dir), position, state.rows, fields, state.buckets, state.formats),
-                          frozenset(), {}, "incremental")
+        return StateBuild(replace(state, path=str(state_dir), position=position), frozenset(), {}, "incremental")
     changed = materialize(latest_images(layers, ROWS_DDL), staging / "_work" / "changed", ROWS_DDL)
     touched = sorted(int(r["b"]) for r in changed.selectExpr(f"{bucket_expr(bounds)} AS b").distinct().collect())
-    old = state.rows_frame(spark, touched)
-    merged = old.join(changed.select("key"), "key", "left_anti").unionByName(changed.filter("row IS NOT NULL"))
+    upserts = changed.filter("row IS NOT NULL")
+    if state.schema is not None:
+        old = state.typed_frame(spark, touched) if any(state.buckets[i].path for i in touched) else None
+        upserts = typed_columns(upserts, state.schema)
+    else:
+        old = state.rows_frame(spark, touched)
+    merged = upserts if old is None else \
+        old.join(changed.select("key"), "key", "left_anti").unionByName(upserts)
     reports = write_buckets(merged, bounds, len(touched), pool, staging, formats)
     buckets = buckets_from_reports(reports, bounds, emptied(state.buckets, touched, formats))
-    built = StateBase(str(state_dir), position, sum(b.rows for b in buckets), fields, buckets, tuple(formats))
+    built = replace(state, path=str(state_dir), position=position, rows=sum(b.rows for b in buckets),
+                    buckets=buckets)
     return StateBuild(built, frozenset(touched), _blobs(reports), "incremental")
 
 
@@ -194,13 +205,14 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
                    key_fields: Sequence[str], formats: Sequence[str], staging_dir: Path | str,
                    state_dir: Path | str, *, partitions: int | None = None,
                    previous_keys: Mapping[str, str] | None = None,
-                   bucket_bytes: int = TARGET_BUCKET_BYTES) -> BuiltArtifact:
+                   bucket_bytes: int = TARGET_BUCKET_BYTES, schema: RowSchema | None = None) -> BuiltArtifact:
     """Build the snapshot at `to_position` from `base` and the changes of `segments` (the window
     (base.position, to_position]); writes the new STATE dataset to `state_dir` (bucket files to the
     pool beside it) and stages every format. `previous_keys` (format -> object key of the snapshot the
     base's state was built for, present on every destination) lets untouched buckets be copied from
-    it; `bucket_bytes` is the jsonl size a full build aims at per bucket. `details["state"]` is the
-    written `StateBase`."""
+    it; `bucket_bytes` is the jsonl size a full build aims at per bucket; `schema` is the table's row
+    schema for parquet's typed columns (None: inferred from the rows, once per epoch).
+    `details["state"]` is the written `StateBase`."""
     if not to_position:
         raise ValueError("a snapshot needs a non-empty position")
     if not formats:
@@ -211,7 +223,7 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
     state_path = Path(state_dir)
     pool = state_path.resolve().parent / "buckets"
     width = partitions or default_partitions(spark)
-    layered = _incremental_base(base, fields, fmts)
+    layered = _incremental_base(base, fields, fmts, schema)
     truncated = False
     build: StateBuild | None = None
     if layered is not None:
@@ -220,14 +232,19 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
             net = net_window(spark, segments, layered, fields, partitions=width, scratch=staging / "_work")
             truncated, window = net.truncated, net.net
         if not truncated:
-            build = _incremental(spark, layered, window, fields, fmts, pool, staging, state_path, to_position)
+            try:
+                build = _incremental(spark, layered, window, fields, fmts, pool, staging, state_path, to_position)
+            except SchemaMisfit:
+                if schema is not None:
+                    raise  # the source's own schema: a real misfit
+                log.info("snapshot at %s: a changed row does not fit the inferred columns; re-typing", to_position)
     if build is not None and _out_of_balance(build.state, bucket_bytes):
         log.info("snapshot at %s: a bucket outgrew %d x its target; re-bucketing", to_position, MAX_GROWTH)
         build = _full(spark, build.state.frame(spark, fields), fields, fmts, pool, staging, state_path, to_position,
-                      bucket_bytes)
+                      bucket_bytes, build.state.schema)
     elif build is None:
         table, truncated = advance(spark, base, segments, fields, partitions=width, scratch=staging / "_work")
-        build = _full(spark, table, fields, fmts, pool, staging, state_path, to_position, bucket_bytes)
+        build = _full(spark, table, fields, fmts, pool, staging, state_path, to_position, bucket_bytes, schema)
     state = build.state
     previous = layered.state if layered is not None and build.mode == "incremental" else None
     keys = previous_keys or {}
@@ -239,13 +256,14 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
     for fid in fmts:
         if fid in BYTE_FORMATS:
             staged[fid] = byte_pieces(build, fid, previous, keys.get(fid))
-    others = [f for f in fmts if f not in BYTE_FORMATS]
-    if others:
-        reports = encode_snapshot_parts(state.frame(spark, fields), staging, others, fields)
-        parts, rows = collect_parts(reports, others)
-        if rows != state.rows:
-            raise RuntimeError(f"snapshot parts hold {rows} rows but the state {state.rows}")
-        staged.update(parts)
+    if "parquet" in fmts:  # Spark's writer, one file, from the state's typed columns (nothing re-typed)
+        target = staging / "parquet" / "snapshot.parquet"
+        written = write_snapshot(state.typed_frame(spark), target) if state.rows else \
+            write_snapshot(typed_columns(spark.createDataFrame([], "key STRING, row STRING"),
+                                         state.schema or RowSchema.of(())), target)
+        if written.rows != state.rows:
+            raise RuntimeError(f"the parquet snapshot holds {written.rows} rows but the state {state.rows}")
+        staged["parquet"] = StagedFormat("parquet", (written.path,), written.bytes)
     state.save()
     built = BuiltArtifact("snapshot", None, to_position, state.rows, staged, truncated, time.monotonic() - started,
                           {"state": state, "base": base.describe(), "segments": len(segments), "mode": build.mode,

@@ -44,8 +44,10 @@ from snapshot_assets.archive.errors import EncodeError
 from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
 from snapshot_assets.archive.formats.protobuf import snapshot_record
 from snapshot_assets.archive.keys import row_key
+from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
 from snapshot_assets.spark.effects import NET_DDL, decode_row
+from snapshot_assets.spark.parquet_artifact import image_type, refusing_misfits
 from snapshot_assets.spark.sortkey import sort_key_of
 
 STATE_MARKER = "_snapshotter_state.json"
@@ -58,7 +60,6 @@ TARGET_BUCKET_BYTES = DEFAULT_BUCKET_BYTES
 MAX_GROWTH = 4
 SAMPLES_PER_BUCKET = 32
 
-_ROWS_ARROW = pa.schema([("key", pa.string()), ("sk", pa.binary()), ("row", pa.string()), ("pb", pa.binary())])
 REPORT_DDL = "bucket INT, lower BINARY, rows BIGINT, path STRING, format STRING, blob STRING, bytes BIGINT"
 _REPORT_ARROW = pa.schema([("bucket", pa.int32()), ("lower", pa.binary()), ("rows", pa.int64()),
                            ("path", pa.string()), ("format", pa.string()), ("blob", pa.string()),
@@ -173,7 +174,8 @@ class _BucketOut:
         self.bucket, self.lower, self.rows = bucket, lower, 0
         self.path = pool / f"{token}-{bucket:05d}.parquet"
         self._tmp = self.path.with_name(f".{self.path.name}.tmp")
-        self._writer = pq.ParquetWriter(self._tmp, _ROWS_ARROW, compression="zstd")
+        self._writer: Any = None
+        self._compression = "zstd"
         self._blobs: dict[str, tuple[Path, Any]] = {}
         for fid in formats:
             blob = staging / fid / f"bucket-{bucket:05d}"
@@ -181,6 +183,8 @@ class _BucketOut:
             self._blobs[fid] = (blob, open(blob, "wb"))  # noqa: SIM115 - closed in close()
 
     def write(self, rows: Any) -> None:
+        if self._writer is None:  # the rows' schema: ROWS_DDL, plus the typed `columns` struct for parquet
+            self._writer = pq.ParquetWriter(self._tmp, rows.schema, compression=self._compression)
         self._writer.write_batch(rows)
         self.rows += rows.num_rows
         for fid, (_path, out) in self._blobs.items():
@@ -204,7 +208,7 @@ def _bucket_task(batches: Iterable[Any], pool: str, staging: str, token: str,
     for batch in batches:
         buckets = batch.column("bucket").to_numpy(zero_copy_only=False)
         starts = [0, *(np.flatnonzero(np.diff(buckets)) + 1).tolist(), len(buckets)]
-        rows = pa.RecordBatch.from_arrays([batch.column(n) for n in _ROWS_ARROW.names], schema=_ROWS_ARROW)
+        rows = batch.drop_columns(["bucket"])
         for lo, hi in itertools.pairwise(starts):
             if lo == hi:
                 continue
@@ -224,16 +228,19 @@ def _bucket_task(batches: Iterable[Any], pool: str, staging: str, token: str,
 
 def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: int, pool: Path, staging: Path,
                   formats: Sequence[str]) -> list[Any]:
-    """Write the buckets present in `encoded` (ROWS_DDL rows): each bucket's rows sorted by sk into
-    one new rows file of the pool, and its bytes in each byte format into a staged blob. Returns the
-    tasks' reports (REPORT_DDL)."""
+    """Write the buckets present in `encoded` (ROWS_DDL rows, and the typed `columns` when the archive
+    has parquet): each bucket's rows sorted by sk into one new rows file of the pool, and its bytes
+    in each byte format into a staged blob. Returns the tasks' reports (REPORT_DDL); a value that
+    does not fit the typed columns raises SchemaMisfit."""
     pool.mkdir(parents=True, exist_ok=True)
     byte_formats = tuple(f for f in formats if f in BYTE_FORMATS)
     func = functools.partial(_bucket_task, pool=str(pool), staging=str(staging), token=uuid.uuid4().hex[:12],
                              formats=byte_formats)
-    frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb")
+    typed = ["columns"] if "columns" in encoded.columns else []
+    frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb", *typed)
     frame = frame.repartition(max(1, touched), "bucket").sortWithinPartitions("bucket", "sk")
-    return list(frame.mapInArrow(func, REPORT_DDL).collect())
+    with refusing_misfits():
+        return list(frame.mapInArrow(func, REPORT_DDL).collect())
 
 
 # --- the state and its marker ----------------------------------------------------------------------
@@ -269,6 +276,7 @@ class StateBase:
     key_fields: tuple[str, ...]
     buckets: tuple[Bucket, ...] = ()
     formats: tuple[str, ...] = ()
+    schema: RowSchema | None = None  # the typed columns' schema, when the archive has parquet
 
     @classmethod
     def load(cls, path: Path | str) -> StateBase | None:
@@ -277,8 +285,9 @@ class StateBase:
             meta = json.loads((Path(path) / STATE_MARKER).read_text())
             if meta.get("version") != STATE_VERSION:
                 return None
+            schema = RowSchema.from_json(meta["schema"]) if meta.get("schema") else None
             return cls(str(path), str(meta["position"]), int(meta["rows"]), tuple(meta["key_fields"]),
-                       tuple(Bucket.from_json(b) for b in meta["buckets"]), tuple(meta["formats"]))
+                       tuple(Bucket.from_json(b) for b in meta["buckets"]), tuple(meta["formats"]), schema)
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -287,7 +296,7 @@ class StateBase:
         target.mkdir(parents=True, exist_ok=True)
         marker = {"position": self.position, "rows": self.rows, "key_fields": list(self.key_fields),
                   "formats": list(self.formats), "buckets": [b.to_json() for b in self.buckets],
-                  "version": STATE_VERSION}
+                  "schema": self.schema.to_json() if self.schema is not None else None, "version": STATE_VERSION}
         tmp = target / f".{STATE_MARKER}.tmp"
         tmp.write_text(json.dumps(marker))
         tmp.replace(target / STATE_MARKER)
@@ -311,6 +320,17 @@ class StateBase:
         if not paths:
             return spark.createDataFrame([], ROWS_DDL)
         return spark.read.schema(ROWS_DDL).parquet(*paths)
+
+    def typed_frame(self, spark: SparkSession, buckets: Iterable[int] | None = None) -> DataFrame:
+        """The stored rows with their typed `columns` struct (a state kept for parquet), in bucket order."""
+        chosen = self.buckets if buckets is None else [self.buckets[i] for i in buckets]
+        paths = [b.path for b in chosen if b.path is not None]
+        if not paths or self.schema is None:
+            raise ValueError(f"state at {self.path} keeps no typed rows")
+        # The bucket files do not keep Spark's field metadata (the columns' parquet encodings): the
+        # cast to the schema's image type puts it back.
+        frame = spark.read.parquet(*paths)
+        return frame.withColumn("columns", frame["columns"].cast(image_type(self.schema)))
 
     def rows_for(self, spark: SparkSession, key_fields: Sequence[str], keys: DataFrame) -> DataFrame:
         """The rows (STATE_DDL) of the given keys (a `key` column), reading only the buckets they

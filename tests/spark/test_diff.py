@@ -83,7 +83,8 @@ def test_empty_window_stages_nothing(spark: Any, tmp_path: Path) -> None:
     built = build_diff(spark, [], EmptyBase("0/10"), "0/20", KEY_FIELDS, ALL_FORMATS, tmp_path / "staging",
                        tmp_path / "delta")
     assert built.count == 0 and not built.truncated
-    assert all(not s.parts and s.bytes == 0 for s in built.formats.values())
+    assert all(not s.parts and s.bytes == 0 for f, s in built.formats.items() if f != "parquet")
+    assert read_parts(built.formats["parquet"], "diff") == []  # one valid parquet file without changes
 
 
 def test_diff_rejects_a_degenerate_window(spark: Any, tmp_path: Path) -> None:

@@ -99,7 +99,8 @@ def test_snapshot_exactly_at_the_base_and_empty_tables(spark: Any, tmp_path: Pat
     assert segments == []
     check_snapshot(spark, g, base, g.resyncs[0], g.gen.table_at(g.resyncs[0]), tmp_path / "at-base")
     built = build_snapshot(spark, EmptyBase(), [], "0/10", KEY_FIELDS, ALL_FORMATS, tmp_path / "e", tmp_path / "es")
-    assert built.count == 0 and all(not s.parts for s in built.formats.values())
+    assert built.count == 0 and not built.formats["jsonl"].parts and not built.formats["protobuf"].parts
+    assert read_parts(built.formats["parquet"], "snapshot") == []  # one valid parquet file without rows
 
 
 def test_choose_base_refuses_what_it_cannot_build(tmp_path: Path) -> None:
