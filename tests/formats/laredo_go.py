@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from google.protobuf import struct_pb2
 
+from snapshot_assets.archive.formats.parquet import SPARK_SCHEMA_KEY, annotated_schema
 from snapshot_assets.archive.proto.laredo.snapshotter.v1.artifact_pb2 import DiffChange, SnapshotRow
 
 EXTENSIONS = {"jsonl": ".jsonl", "protobuf": ".pb", "parquet": ".parquet"}
@@ -117,7 +118,10 @@ def _parquet_rows(path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for file in files:
         table = pq.read_table(file)
-        rows.extend(_typed(table.schema, row) for row in table.to_pylist())
+        # a Spark-written file keeps the encodings in Spark's footer schema, not in Arrow field metadata
+        spark_schema = (pq.read_metadata(file).metadata or {}).get(SPARK_SCHEMA_KEY)
+        schema = annotated_schema(table.schema, spark_schema) if spark_schema else None
+        rows.extend(_typed(schema or table.schema, row) for row in table.to_pylist())
     return rows
 
 

@@ -475,14 +475,14 @@ def _batches(src: BinaryIO, artifact: bytes) -> Iterator[pa.RecordBatch]:
                 raise CorruptArtifact(f"parquet artifact holds a {written_as.decode(errors='replace')}, "
                                       f"not a {artifact.decode()}")
             footer = file.metadata.metadata or {}
-            annotated = _annotated(file.schema_arrow, footer.get(SPARK_SCHEMA_KEY))
+            annotated = annotated_schema(file.schema_arrow, footer.get(SPARK_SCHEMA_KEY))
             for batch in file.iter_batches(batch_size=BATCH_ROWS):
                 yield batch if annotated is None else pa.RecordBatch.from_arrays(batch.columns, schema=annotated)
         except (pa.ArrowException, OSError) as exc:
             raise CorruptArtifact(f"parquet artifact cannot be read: {exc}") from None
 
 
-def _annotated(schema: pa.Schema, spark_schema: bytes | None) -> pa.Schema | None:
+def annotated_schema(schema: pa.Schema, spark_schema: bytes | None) -> pa.Schema | None:
     """`schema` with the field metadata a Spark-written file keeps in its own footer entry (None
     when the file was not written by Spark)."""
     if spark_schema is None:
