@@ -158,7 +158,7 @@ class KeyNet:
         if not self.existed:
             return None
         old = self.delete_old
-        key = key_string(old, key_fields) if _carries(old, key_fields) else self.source_key
+        key = key_string(old, key_fields) if carries_key(old, key_fields) else self.source_key
         return Change(Action.DELETE, key, old=old)
 
 
@@ -171,13 +171,20 @@ def _named_before(effect: KeyEffect, key_fields: Sequence[str]) -> Row | None:
     it is the same key, so they are the values the row had; the rest of `old` stays as sent.
     """
     before, image = effect.before, effect.after
-    if _carries(before, key_fields) or image is None:
+    if carries_key(before, key_fields) or image is None:
         return before
     return {**(before or {}), **{f: image.get(f) for f in key_fields}}
 
 
-def _carries(row: Row | None, key_fields: Sequence[str]) -> bool:
+def carries_key(row: Row | None, key_fields: Sequence[str]) -> bool:
+    """The image holds every key field: it names its key exactly."""
     return row is not None and all(f in row for f in key_fields)
+
+
+def partial_image(image: Row | None, key_fields: Sequence[str]) -> bool:
+    """An absent before-image, or one holding no column beyond the key columns: what PostgreSQL
+    sends under REPLICA IDENTITY DEFAULT; the row it stands for is completed from the archive."""
+    return image is None or set(image) <= set(key_fields)
 
 
 class Collapser:

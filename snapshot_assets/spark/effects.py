@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.buffer.reader import SegmentRef
-from resources.buffer.segments import SCHEMA, key_columns
+from resources.buffer.segments import SCHEMA, derived_columns
 from snapshot_assets.archive import gojson
-from snapshot_assets.archive.algebra import KeyEffect, KeyNet, key_effects
+from snapshot_assets.archive.algebra import KeyEffect, KeyNet, carries_key, key_effects, partial_image
 from snapshot_assets.archive.changes import Action, Change, Row
 from snapshot_assets.archive.keys import TypedKey, laredo_row_key, row_key
 
@@ -56,19 +56,23 @@ def ddl_of(schema: pa.Schema) -> str:
 
 
 BUFFER_DDL = ddl_of(SCHEMA)
-# An effect: what one change does to one key (`algebra.KeyEffect`). `change_key` is laredo's key
-# string of the image that names the key, `missing` the columns `after` lacks (unchanged TOASTed
-# values, a JSON array), `link` the other key of a primary-key change.
+# An effect: what one change does to one key (`algebra.KeyEffect`). `partial` and `named` say
+# whether `before` is a partial image (`algebra.partial_image`) and carries the key
+# (`algebra.carries_key`), `change_key` is laredo's key string of the image that names the key,
+# `missing` the columns `after` lacks (unchanged TOASTed values, a JSON array), `link` the other
+# key of a primary-key change.
 EFFECT_ARROW = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("existed", pa.bool_()),
-                          ("before", pa.string()), ("after", pa.string()), ("change_key", pa.string()),
-                          ("missing", pa.string()), ("link", pa.string())])
+                          ("before", pa.string()), ("partial", pa.bool_()), ("named", pa.bool_()),
+                          ("after", pa.string()), ("change_key", pa.string()), ("missing", pa.string()),
+                          ("link", pa.string())])
 EFFECT_DDL = ddl_of(EFFECT_ARROW)
 EFFECT_COLUMNS = tuple(EFFECT_ARROW.names)
 NET_DDL = "key STRING, action STRING, change_key STRING, old STRING, new STRING"
 STATE_DDL = "key STRING, row STRING"
 _CHANGES = "action IN ('INSERT', 'UPDATE', 'DELETE')"
 
-EffectRow = tuple[str | None, int, bool | None, str | None, str | None, str | None, str | None, str | None]
+EffectRow = tuple[str | None, int, bool | None, str | None, bool | None, bool | None, str | None, str | None,
+                  str | None, str | None]
 
 
 def key_json(key: TypedKey) -> str:
@@ -121,7 +125,8 @@ def change_effects(seq: int, change: Change, key_fields: Sequence[str]) -> list[
 
     effects = key_effects(change, key_fields)
     moved = len(effects) == 2
-    return [(key_json(e.key), seq, e.existed, text(e.before), text(e.after),
+    return [(key_json(e.key), seq, e.existed, text(e.before), partial_image(e.before, key_fields),
+             carries_key(e.before, key_fields), text(e.after),
              gojson.valid_text(laredo_row_key(e.before, key_fields) if moved and e.after is None else e.source_key),
              None, key_json(effects[1 - i].key) if moved else None)
             for i, e in enumerate(effects)]
@@ -129,7 +134,7 @@ def change_effects(seq: int, change: Change, key_fields: Sequence[str]) -> list[
 
 def truncate_effect(seq: int) -> EffectRow:
     """The effect row of a TRUNCATE (no key): readers of archived diffs order it by seq."""
-    return (None, seq, None, None, None, None, None, None)
+    return (None, seq, None, None, None, None, None, None, None, None)
 
 
 def arrow_batch(rows: Sequence[tuple[Any, ...]], schema: pa.Schema) -> Any:
@@ -167,26 +172,6 @@ def read_window(spark: SparkSession, segments: Sequence[SegmentRef]) -> DataFram
     return spark.read.schema(BUFFER_DDL).parquet(*paths).filter(seq_predicate(segments))
 
 
-# --- image predicates (the SQL form of `algebra`'s) --------------------------------------------------
-
-
-def _fields(key_fields: Sequence[str]) -> Column:
-    return F.array(*[F.lit(f) for f in key_fields])
-
-
-def partial_image(image: Column, key_fields: Sequence[str]) -> Column:
-    """An absent before-image, or one with no column beyond the key columns (a key-only image):
-    what PostgreSQL sends under REPLICA IDENTITY DEFAULT; the base holds the complete row."""
-    return F.coalesce(image.isNull() | (F.size(F.array_except(F.json_object_keys(image), _fields(key_fields))) == 0),
-                      F.lit(False))
-
-
-def carries_key(image: Column, key_fields: Sequence[str]) -> Column:
-    """The image holds every key field (algebra `_carries`): it names its key exactly."""
-    return F.coalesce(image.isNotNull() & (F.size(F.array_except(_fields(key_fields), F.json_object_keys(image))) == 0),
-                      F.lit(False))
-
-
 # --- the window: its facts, its cut, legacy rows -----------------------------------------------------
 
 
@@ -208,14 +193,18 @@ class WindowFacts:
     legacy: bool
 
 
-def window_facts(rows: DataFrame, key_fields: Sequence[str], scope: Sequence[str] = ()) -> WindowFacts:
-    """One aggregate over the buffer rows (collected: one row per scope, one in production)."""
+def window_facts(rows: DataFrame, scope: Sequence[str] = ()) -> WindowFacts:
+    """One aggregate over the buffer rows (collected: one row per scope, one in production).
+
+    Legacy rows (their derived columns null) count as needing every step they might need.
+    """
     seq = F.col("seq")
     facts = rows.groupBy(*scope).agg(
         F.max(F.when(F.col("action") == "TRUNCATE", seq)).alias("cut"),
-        F.max(F.when(F.col("action").isin("UPDATE", "DELETE") & partial_image(F.col("old"), key_fields), seq))
+        F.max(F.when(F.col("action").isin("UPDATE", "DELETE") & F.coalesce("old_partial", F.lit(True)), seq))
         .alias("partial"),
-        F.max(F.when((F.col("action") == "UPDATE") & ~carries_key(F.col("old"), key_fields), seq)).alias("unnamed"),
+        F.max(F.when((F.col("action") == "UPDATE") & ~F.coalesce("old_carries_key", F.lit(False)), seq))
+        .alias("unnamed"),
         F.max(F.when(F.col("unchanged").isNotNull(), seq)).alias("gap"),
         F.max(F.when(F.expr(_CHANGES) & F.col("change_key").isNull(), seq)).alias("legacy"),
     ).collect()
@@ -238,20 +227,24 @@ def after_cut(rows: DataFrame, facts: WindowFacts, scope: Sequence[str] = ()) ->
             .withColumn("truncated", F.col("cut").isNotNull()).drop("cut"))
 
 
+_DERIVED = ("old_key", "change_key", "old_change_key", "old_partial", "old_carries_key")
+
+
 def _legacy_batches(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[Any]:
     for batch in batches:
         columns = {name: batch.column(name).to_pylist() for name in ("action", "key", "old", "new", "position")}
-        derived = [key_columns(Action(action), key, decode_row(old), decode_row(new), key_fields, f"{action} at {pos}")
+        derived = [derived_columns(Action(action), key, decode_row(old), decode_row(new), key_fields,
+                                   f"{action} at {pos}")
                    for action, key, old, new, pos in zip(*columns.values(), strict=True)]
-        for name, values in zip(("old_key", "change_key", "old_change_key"), zip(*derived, strict=True), strict=True):
+        for name, values in zip(_DERIVED, zip(*derived, strict=True), strict=True):
             index = batch.schema.get_field_index(name)
             batch = batch.set_column(index, batch.schema.field(index), pa.array(values, batch.schema.field(index).type))
         yield batch
 
 
 def upgrade_legacy(changes: DataFrame, key_fields: Sequence[str]) -> DataFrame:
-    """Rows from segments written before `old_key`/`change_key`/`old_change_key` existed get them
-    (in a task, with ingest's `key_columns`); the other rows pass through untouched."""
+    """Rows from segments written before the derived columns existed get them (in a task, with
+    ingest's `derived_columns`); the other rows pass through untouched."""
     legacy = F.col("change_key").isNull()
     func = functools.partial(_legacy_batches, key_fields=tuple(key_fields))
     derived = changes.filter(legacy).mapInArrow(func, changes.schema)
@@ -262,11 +255,12 @@ def upgrade_legacy(changes: DataFrame, key_fields: Sequence[str]) -> DataFrame:
 
 _NULL = "CAST(NULL AS STRING)"
 _EXPLODE = f"""inline(CASE WHEN old_key IS NOT NULL THEN array(
-    named_struct('key', old_key, 'existed', true, 'before', old, 'after', {_NULL},
-                 'change_key', old_change_key, 'missing', {_NULL}, 'link', key),
-    named_struct('key', key, 'existed', false, 'before', {_NULL}, 'after', new,
-                 'change_key', change_key, 'missing', unchanged, 'link', old_key))
+    named_struct('key', old_key, 'existed', true, 'before', old, 'partial', old_partial, 'named', old_carries_key,
+                 'after', {_NULL}, 'change_key', old_change_key, 'missing', {_NULL}, 'link', key),
+    named_struct('key', key, 'existed', false, 'before', {_NULL}, 'partial', true, 'named', false,
+                 'after', new, 'change_key', change_key, 'missing', unchanged, 'link', old_key))
   ELSE array(named_struct('key', key, 'existed', action <> 'INSERT', 'before', IF(action = 'INSERT', NULL, old),
+                 'partial', action = 'INSERT' OR old_partial, 'named', action <> 'INSERT' AND old_carries_key,
                  'after', IF(action = 'DELETE', NULL, new), 'change_key', change_key,
                  'missing', IF(action = 'DELETE', NULL, unchanged), 'link', {_NULL})) END)"""
 
@@ -278,19 +272,21 @@ def explode(changes: DataFrame, scope: Sequence[str] = ()) -> DataFrame:
 
 def fold(effects: DataFrame, *, partitions: int, scope: Sequence[str] = ()) -> DataFrame:
     """Each key's effects -> its first and last (KeyNet.start / fold): one row per key with
-    `existed` (at the window's start), `before`, `first_after`, `first_key` (the first effect's
-    images and key string) and `after`, `last_key` (the last effect's).
+    `existed` (at the window's start), `before`, `partial`, `named`, `first_after`, `first_key`
+    (the first effect's images, their flags and key string) and `after`, `last_key` (the last
+    effect's).
 
     One shuffle by key, sorted by (key, seq) inside the partitions, so the per-key aggregate runs
     on sorted input without another sort.
     """
     by = [*scope, "key"]
-    first = F.min_by(F.struct("existed", "before", "after", "change_key"), "seq")
+    first = F.min_by(F.struct("existed", "truncated", "before", "partial", "named", "after", "change_key"), "seq")
     last = F.max_by(F.struct("after", "change_key"), "seq")
     return (effects.repartition(partitions, *by).sortWithinPartitions(*by, "seq")
-            .groupBy(*by, "truncated").agg(first.alias("first"), last.alias("last"))
-            .select(*by, (F.col("first.existed") & ~F.col("truncated")).alias("existed"),
-                    F.col("first.before").alias("before"), F.col("first.after").alias("first_after"),
+            .groupBy(*by).agg(first.alias("first"), last.alias("last"))
+            .select(*by, (F.col("first.existed") & ~F.col("first.truncated")).alias("existed"),
+                    F.col("first.before").alias("before"), F.col("first.partial").alias("partial"),
+                    F.col("first.named").alias("named"), F.col("first.after").alias("first_after"),
                     F.col("first.change_key").alias("first_key"), F.col("last.after").alias("after"),
                     F.col("last.change_key").alias("last_key")))
 
@@ -323,7 +319,7 @@ def net_rows(folded: DataFrame, key_fields: Sequence[str], scope: Sequence[str] 
     if unnamed:
         # KeyNet.start's delete_old: a before-image that does not name its key takes the key values
         # of the first after-image (a new image, so Python encodes it; only such DELETEs go there).
-        need = ~present & F.col("first_after").isNotNull() & ~carries_key(F.col("before"), key_fields)
+        need = ~present & F.col("first_after").isNotNull() & ~F.col("named")
         func = functools.partial(_named_batches, key_fields=tuple(key_fields))
         rows = rows.filter(~need).unionByName(rows.filter(need).mapInArrow(func, rows.schema))
     return rows.select(

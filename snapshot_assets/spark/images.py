@@ -50,7 +50,6 @@ from snapshot_assets.spark.effects import (
     decode_row,
     encode_row,
     materialize,
-    partial_image,
 )
 
 if TYPE_CHECKING:
@@ -66,22 +65,24 @@ _FILL_DDL = ddl_of(_FILL_ARROW)
 _FILL_COLUMNS = tuple(_FILL_ARROW.names)
 _REPORTED = 5  # unfillable effects named in the error
 
-FillRow = tuple[str | None, int, bool | None, str | None, str | None, str | None, str | None, str | None, int]
+FillRow = tuple[str | None, int, bool | None, str | None, bool | None, bool | None, str | None, str | None,
+                str | None, str | None, int]
 
 
 class UnfillableValue(ArchiveError):
     """An UPDATE omitted unchanged values that no earlier image of the row in the archive holds."""
 
 
-def complete_befores(folded: DataFrame, base: DataFrame, key_fields: Sequence[str]) -> DataFrame:
+def complete_befores(folded: DataFrame, base: DataFrame) -> DataFrame:
     """Folded keys (`effects.fold`) whose first before-image is partial take the base's row as it.
 
     `base` is the table at the window's start (STATE_DDL). A key the base lacks keeps what its
     change sent (an archive that never held the row cannot know more).
     """
-    need = F.col("existed") & partial_image(F.col("before"), key_fields) & F.col("_base").isNotNull()
+    need = F.col("existed") & F.col("partial") & F.col("_base").isNotNull()
     rows = base.select("key", F.col("row").alias("_base"))
     return (folded.join(rows, "key", "left")
+            .withColumn("named", F.col("named") | need)  # a row of the base carries its key
             .withColumn("before", F.when(need, F.col("_base")).otherwise(F.col("before"))).drop("_base"))
 
 
@@ -104,7 +105,7 @@ def _resolve(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[An
     carried: dict[int, str | None] = {}
     out: list[FillRow] = []
     for batch in batches:
-        for (k, seq, existed, before, after, change_key, missing, link,
+        for (k, seq, existed, before, partial, named, after, change_key, missing, link,
              stage) in zip(*(batch.column(c).to_pylist() for c in _FILL_COLUMNS), strict=True):
             if k != key:
                 key, current, carried = k, None, {}
@@ -117,9 +118,9 @@ def _resolve(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[An
             if after is not None and missing is not None:
                 after, missing = _fill(after, missing, carried.get(seq) if link is not None else current, key_fields)
             if after is None and link is not None:  # the old key of a primary-key change: its image moves on
-                out.append((link, seq, None, None, current, None, None, None, IMAGE_STAGE))
+                out.append((link, seq, None, None, None, None, current, None, None, None, IMAGE_STAGE))
             current = after if missing is None else None
-            out.append((k, seq, existed, before, after, change_key, missing, link, stage))
+            out.append((k, seq, existed, before, partial, named, after, change_key, missing, link, stage))
             if len(out) >= 4096:
                 yield arrow_batch(out, _FILL_ARROW)
                 out = []
@@ -140,7 +141,8 @@ def fill_gaps(spark: SparkSession, effects: DataFrame, base: Base | None, key_fi
     if base is not None:
         images = base.frame(spark, fields).join(keys, "key", "left_semi").selectExpr(
             "key", f"CAST({BASE_SEQ} AS BIGINT) AS seq", "CAST(NULL AS BOOLEAN) AS existed",
-            "CAST(NULL AS STRING) AS before", "row AS after", "CAST(NULL AS STRING) AS change_key",
+            "CAST(NULL AS STRING) AS before", "CAST(NULL AS BOOLEAN) AS partial", "CAST(NULL AS BOOLEAN) AS named",
+            "row AS after", "CAST(NULL AS STRING) AS change_key",
             "CAST(NULL AS STRING) AS missing", "CAST(NULL AS STRING) AS link", f"{IMAGE_STAGE} AS stage")
         staged = staged.unionByName(images)
     func = functools.partial(_resolve, key_fields=fields)

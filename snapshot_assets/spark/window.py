@@ -57,7 +57,7 @@ def net_window(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     """The window `segments` (which must start at `base.position`) as one net change per key."""
     fields = tuple(key_fields)
     rows = read_window(spark, segments)
-    facts = window_facts(rows, fields)
+    facts = window_facts(rows)
     changes = after_cut(rows, facts)
     if facts.legacy:
         changes = upgrade_legacy(changes, fields)
@@ -69,7 +69,7 @@ def net_window(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
         effects = filled.withColumn("truncated", F.lit(facts.truncated))
     folded = fold(effects, partitions=partitions)
     if facts.partial and start is not None:
-        folded = complete_befores(folded, start.frame(spark, fields), fields)
+        folded = complete_befores(folded, start.frame(spark, fields))
     if facts.unnamed:  # net_rows reads it twice
         folded = materialize(folded, scratch / "folded")
     return NetWindow(net_rows(folded, fields, unnamed=facts.unnamed), facts.truncated)
