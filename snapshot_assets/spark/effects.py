@@ -5,12 +5,14 @@ stated over `(key, seq)` columns so that the JVM runs them and no image is decod
 
   driver   `window_facts`: one aggregate over the window: the seq of its last TRUNCATE (the cut:
            it wipes everything before it, and after it every key starts absent), and whether
-           anything after the cut needs the base (a partial before-image), a fill (an UPDATE that
-           omitted unchanged values) or a legacy upgrade (see below).
+           anything after the cut may need an optional step (a before-image from the base, a
+           DELETE named from an after-image, a fill of omitted values, a legacy upgrade).
+  cut      `after_cut`: the changes after the cut, each marked `truncated` or not.
   explode  `explode`: `inline` of an array per change: one effect, or two for a primary-key change
            (delete the old key, insert the new one: `key_effects`). Every key is the buffer's
            canonical JSON (`key`, `old_key`), every key string laredo's (`change_key`,
-           `old_change_key`), all computed at ingest from the decoded change.
+           `old_change_key`), and what a before-image holds is a flag (`old_partial`,
+           `old_carries_key`): all computed at ingest from the decoded change.
   shuffle  `fold`: repartition by key, sort by (key, seq), one aggregate per key: the first
            effect (existed, before-image, key string) and the last (after-image, key string):
            `min_by` / `max_by` over seq.
@@ -319,7 +321,7 @@ def net_rows(folded: DataFrame, key_fields: Sequence[str], scope: Sequence[str] 
     if unnamed:
         # KeyNet.start's delete_old: a before-image that does not name its key takes the key values
         # of the first after-image (a new image, so Python encodes it; only such DELETEs go there).
-        need = ~present & F.col("first_after").isNotNull() & ~F.col("named")
+        need = ~present & F.col("first_after").isNotNull() & ~F.coalesce("named", F.lit(False))
         func = functools.partial(_named_batches, key_fields=tuple(key_fields))
         rows = rows.filter(~need).unionByName(rows.filter(need).mapInArrow(func, rows.schema))
     return rows.select(
