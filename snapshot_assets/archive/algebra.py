@@ -10,9 +10,10 @@ UPDATE/DELETE of a key must carry the row as it was at the *start* of the window
 `old` image of the key's *first* change, never of its last; and a key that did not exist at the
 start must come out as an INSERT (no `old`), whatever happened to it in between.
 
-Pure Python, no Spark. A distributed fold (the Spark diff job) can reuse the rules: explode
-changes into `key_effects`, group them by `KeyEffect.key` in source order, fold each group into a
-`KeyNet` and write `KeyNet.to_change`; a TRUNCATE in the window splits it (see `Collapser.add`).
+Pure Python, no Spark. The Spark diff job states the same rules as SQL over (key, seq)
+(`spark/effects.py`: explode changes into their `key_effects`, group them by key in source order,
+keep each key's first and last effect as `KeyNet` does, write `KeyNet.to_change`; a TRUNCATE in the
+window splits it, see `Collapser.add`); a property test holds the two equal.
 """
 
 from __future__ import annotations
