@@ -2,7 +2,7 @@
 
 A segment holds one transaction-aligned range `(from, to]` of one table's changes (kind `changes`)
 or one complete re-sync (kind `snapshot`, every row action `SNAPSHOT` at the re-sync's end
-position). Every row has the same eight columns (`SCHEMA`):
+position). Every row has the same thirteen columns (`SCHEMA`):
 
     seq          int64   strictly increasing over the table's whole buffer: the order Spark sorts by
     position     string  the change's own source position (never re-formatted)
@@ -16,6 +16,21 @@ position). Every row has the same eight columns (`SCHEMA`):
     unchanged    string  JSON array of the columns an UPDATE's `new` omits because they kept their
                          value (unchanged TOASTed values under REPLICA IDENTITY DEFAULT), else null.
                          Segments written before this column existed read it as null.
+    old_key      string  a primary-key-changing UPDATE (its `old` names another key): the canonical
+                         JSON of that old key; else null
+    change_key   string  laredo's key string of the change (`keys.laredo_row_key` of `new`, else of
+                         `old`), null for a TRUNCATE
+    old_change_key string  laredo's key string of `old` for a primary-key change, else null
+    old_partial  bool    `old` is absent or holds only key columns (`algebra.partial_image`), null
+                         for a TRUNCATE
+    old_carries_key bool `old` holds every key field (`algebra.carries_key`), null for a TRUNCATE
+
+Why the last five are stored: they are facts of one change that only a decoder of its images can
+compute (exact integers, Go's `%v`, which columns an image holds), and ingest already holds the
+decoded change. Stored, they let
+the diff job run the change algebra as Spark SQL over `(key, seq)` without decoding an image
+(`spark/effects.py`). Segments written before they existed read them as null; the diff job
+derives them for such rows with `derived_columns`, the function ingest uses.
 
 Why the file describes itself: its Parquet key-value metadata carries its own index entry
 (`SegmentMeta`), the table name and the table schema, so the index can always be rebuilt from the
@@ -37,10 +52,10 @@ import pyarrow.parquet as pq
 from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import ChangeEvent, Column, TableSchema
 from snapshot_assets.archive import gojson
-from snapshot_assets.archive.algebra import MalformedChange
+from snapshot_assets.archive.algebra import MalformedChange, carries_key, partial_image
 from snapshot_assets.archive.changes import Action, Row
 from snapshot_assets.archive.errors import MissingKeyField
-from snapshot_assets.archive.keys import typed_key
+from snapshot_assets.archive.keys import laredo_row_key, typed_key
 from snapshot_assets.archive.positions import Comparator
 
 SegmentKind = Literal["changes", "snapshot"]
@@ -61,10 +76,18 @@ SCHEMA = pa.schema([
     pa.field("new", pa.string()),
     pa.field("commit_time", pa.string()),
     pa.field("unchanged", pa.string()),
+    pa.field("old_key", pa.string()),
+    pa.field("change_key", pa.string()),
+    pa.field("old_change_key", pa.string()),
+    pa.field("old_partial", pa.bool_()),
+    pa.field("old_carries_key", pa.bool_()),
 ])
 _POSITION_COLUMN = SCHEMA.get_field_index("position")
 
-RowTuple = tuple[int, str, str, str | None, str | None, str | None, str | None, str | None]
+RowTuple = tuple[int, str, str, str | None, str | None, str | None, str | None, str | None, str | None, str | None,
+                 str | None, bool | None, bool | None]
+DerivedColumns = tuple[str | None, str | None, str | None, bool | None, bool | None]
+"""old_key, change_key, old_change_key, old_partial, old_carries_key (`derived_columns`)."""
 """One buffer row in `SCHEMA` column order."""
 
 
@@ -95,8 +118,26 @@ def _row_text(row: Row | None, key: str | None) -> str | None:
     return None if row is None else gojson.encode_row(row, lambda: key or "")
 
 
-def _carries_key(row: Row | None, key_fields: Sequence[str]) -> bool:
-    return row is not None and all(f in row for f in key_fields)
+def derived_columns(action: Action, key: str | None, old: Row | None, new: Row | None, key_fields: Sequence[str],
+                    where: str) -> DerivedColumns:
+    """The derived columns of a change whose `key` is known (`DerivedColumns`).
+
+    An UPDATE's `old` names a key only when it carries every key field (REPLICA IDENTITY DEFAULT
+    sends the key columns only when they changed); a different one makes it a primary-key change.
+    The key strings are laredo's (`laredo_row_key`, lone surrogates made writable), computed from
+    the image the change names its key with: `new`, else `old` (`effects.buffer_change` agrees).
+    """
+    if action is Action.TRUNCATE:
+        return None, None, None, None, None
+    old_key = None
+    named = carries_key(old, key_fields)
+    if action is Action.UPDATE and named:
+        old_text = key_text(old, key_fields, f"{where}: the before-image")  # type: ignore[arg-type]
+        old_key = old_text if old_text != key else None
+    image = new if new is not None else old
+    change_key = gojson.valid_text(laredo_row_key(image, key_fields))
+    old_change_key = None if old_key is None else gojson.valid_text(laredo_row_key(old, key_fields))
+    return old_key, change_key, old_change_key, partial_image(old, key_fields), named
 
 
 def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tuple[RowTuple, list[str]]:
@@ -110,33 +151,29 @@ def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tu
     action = event.action
     old, new = event.old, event.new
     where = f"{action.value} at {event.position or '(a position-less entry)'}"
-    touched: list[str] = []
     if action is Action.TRUNCATE:
         key = None
     elif action is Action.DELETE:
         if old is None:
             raise MalformedChange(f"{where} has no before-image naming its key {list(key_fields)}")
         key = key_text(old, key_fields, f"{where}: the before-image")
-        touched.append(key)
     else:
         if new is None:
             raise MalformedChange(f"{where} has no new row")
         key = key_text(new, key_fields, f"{where}: the new row")
-        touched.append(key)
-        if action is Action.UPDATE and _carries_key(old, key_fields):
-            old_key = key_text(old, key_fields, f"{where}: the before-image")  # type: ignore[arg-type]
-            if old_key != key:
-                touched.append(old_key)
+    derived = derived_columns(action, key, old, new, key_fields, where)
+    touched = [k for k in (key, derived[0]) if k is not None]
     commit_time = None if event.commit_time is None else gojson.time_text(event.commit_time)
     unchanged = gojson.dumps(list(event.unchanged)) if event.unchanged and action is Action.UPDATE else None
-    row = (seq, event.position, action.value, key, _row_text(old, key), _row_text(new, key), commit_time, unchanged)
+    row = (seq, event.position, action.value, key, _row_text(old, key), _row_text(new, key), commit_time, unchanged,
+           *derived)
     return row, touched
 
 
 def encode_snapshot_row(row: Row, seq: int, key_fields: Sequence[str], position: str, where: str) -> RowTuple:
     """A re-sync row; `position` is a placeholder until the re-sync's end position is known."""
     key = key_text(row, key_fields, where)
-    return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None, None)
+    return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None, None, None, None, None, None, None)
 
 
 def record_batch(rows: Sequence[RowTuple]) -> pa.RecordBatch:

@@ -10,9 +10,10 @@ UPDATE/DELETE of a key must carry the row as it was at the *start* of the window
 `old` image of the key's *first* change, never of its last; and a key that did not exist at the
 start must come out as an INSERT (no `old`), whatever happened to it in between.
 
-Pure Python, no Spark. A distributed fold (the Spark diff job) can reuse the rules: explode
-changes into `key_effects`, group them by `KeyEffect.key` in source order, fold each group into a
-`KeyNet` and write `KeyNet.to_change`; a TRUNCATE in the window splits it (see `Collapser.add`).
+Pure Python, no Spark. The Spark diff job states the same rules as SQL over (key, seq)
+(`spark/effects.py`: explode changes into their `key_effects`, group them by key in source order,
+keep each key's first and last effect as `KeyNet` does, write `KeyNet.to_change`; a TRUNCATE in the
+window splits it, see `Collapser.add`); a property test holds the two equal.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class KeyNet:
         if not self.existed:
             return None
         old = self.delete_old
-        key = key_string(old, key_fields) if _carries(old, key_fields) else self.source_key
+        key = key_string(old, key_fields) if carries_key(old, key_fields) else self.source_key
         return Change(Action.DELETE, key, old=old)
 
 
@@ -171,13 +172,20 @@ def _named_before(effect: KeyEffect, key_fields: Sequence[str]) -> Row | None:
     it is the same key, so they are the values the row had; the rest of `old` stays as sent.
     """
     before, image = effect.before, effect.after
-    if _carries(before, key_fields) or image is None:
+    if carries_key(before, key_fields) or image is None:
         return before
     return {**(before or {}), **{f: image.get(f) for f in key_fields}}
 
 
-def _carries(row: Row | None, key_fields: Sequence[str]) -> bool:
+def carries_key(row: Row | None, key_fields: Sequence[str]) -> bool:
+    """The image holds every key field: it names its key exactly."""
     return row is not None and all(f in row for f in key_fields)
+
+
+def partial_image(image: Row | None, key_fields: Sequence[str]) -> bool:
+    """An absent before-image, or one holding no column beyond the key columns: what PostgreSQL
+    sends under REPLICA IDENTITY DEFAULT; the row it stands for is completed from the archive."""
+    return image is None or set(image) <= set(key_fields)
 
 
 class Collapser:

@@ -1,22 +1,33 @@
-"""The change algebra on Spark: a window of changes -> per-key effects -> one net change per key.
+"""The change algebra as Spark SQL: a window of buffer changes -> per-key effects -> one net change per key.
 
-Nothing here re-states a rule of the algebra; Spark only moves data so that the single-process
-pieces of `archive.algebra` can run on it in parallel:
+The rules are `archive.algebra`'s (KeyNet.start / fold / to_change, `key_effects`, `Collapser.add`),
+stated over `(key, seq)` columns so that the JVM runs them and no image is decoded:
 
-  driver   `last_truncate_seq`: one small aggregate (max seq of the TRUNCATEs) decides where the
-           window really starts: a TRUNCATE wipes everything before it, and after it every key
-           starts absent (`KeyNet.start(truncated=True)`), exactly as `Collapser.add` does.
-  task     `explode`: each change -> `algebra.key_effects` (a primary-key-changing UPDATE gives two
-           effects, delete old key + insert new key), keyed by the canonical JSON of the typed key.
-  shuffle  repartition by that key, sort each partition by (key, seq): a key's effects are adjacent
-           and in source order.
-  task     `fold_sorted`: each key group -> `KeyNet.start` / `.fold` / `.to_change`.
+  driver   `window_facts`: one aggregate over the window: the seq of its last TRUNCATE (the cut:
+           it wipes everything before it, and after it every key starts absent), and whether
+           anything after the cut may need an optional step (a before-image from the base, a
+           DELETE named from an after-image, a fill of omitted values, a legacy upgrade).
+  cut      `after_cut`: the changes after the cut, each marked `truncated` or not.
+  explode  `explode`: `inline` of an array per change: one effect, or two for a primary-key change
+           (delete the old key, insert the new one: `key_effects`). Every key is the buffer's
+           canonical JSON (`key`, `old_key`), every key string laredo's (`change_key`,
+           `old_change_key`), and what a before-image holds is a flag (`old_partial`,
+           `old_carries_key`): all computed at ingest from the decoded change.
+  shuffle  `fold`: repartition by key, sort by (key, seq), one aggregate per key: the first
+           effect (existed, before-image, key string) and the last (after-image, key string):
+           `min_by` / `max_by` over seq.
+  project  `net_rows`: insert / update / delete / nothing from (existed at the start, present at
+           the end); after a TRUNCATE every key starts absent.
 
-Rows travel as Go-JSON text (`gojson`) between the steps and are decoded only inside tasks; a row
-image that passes through a step unchanged keeps its original text (no re-encoding).
-The functions handed to `mapInArrow` are module-level (pickled by reference), so executors import
-this module: on a local runtime from this venv, on a cluster from the shipped code
-(`session.ship_project_code`).
+Images travel as the Go-JSON text the buffer holds and are never re-encoded, with one exception
+handled in Python because it makes a new image: a net DELETE whose first before-image does not name
+its key (`KeyNet.start`'s `delete_old`: the key values come from the first after-image). That and
+the legacy upgrade run only on the rows that need them; images.py completes omitted values (also
+only for the keys that need it). Everything else is SQL, so the Python work is proportional to the
+changes that need it, never to the window or the table.
+
+`scope` columns (empty in production) make each distinct value of them its own window: the
+property tests fold many generated windows in one Spark job that way.
 """
 
 from __future__ import annotations
@@ -29,35 +40,41 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from resources.buffer.reader import SegmentRef
+from resources.buffer.segments import SCHEMA, derived_columns
 from snapshot_assets.archive import gojson
-from snapshot_assets.archive.algebra import KeyEffect, KeyNet, key_effects
-from snapshot_assets.archive.changes import Change, Row
+from snapshot_assets.archive.algebra import KeyEffect, KeyNet, carries_key, key_effects, partial_image
+from snapshot_assets.archive.changes import Action, Change, Row
 from snapshot_assets.archive.keys import TypedKey, laredo_row_key, row_key
 
-BUFFER_DDL = ("seq BIGINT, position STRING, action STRING, key STRING, old STRING, new STRING, "
-              "commit_time STRING, unchanged STRING")
-# An effect row. `stage` 1 is an effect of a change; stage 0 rows are images the resolution step
-# (images.py) puts in front of them: the key's row in the base (seq -1) or the image a primary-key
-# change carries over from its old key (at the change's seq). `missing` lists the columns `after`
-# still lacks (unchanged TOASTed values), `link` names the other key of a primary-key change, and
-# `needs_base` says the effect cannot be completed from the window alone.
-EFFECT_DDL = ("key STRING, seq BIGINT, stage INT, existed BOOLEAN, before STRING, after STRING, source_key STRING, "
-              "missing STRING, link STRING, needs_base BOOLEAN")
+_SPARK_TYPES = {pa.string(): "STRING", pa.int64(): "BIGINT", pa.int32(): "INT", pa.bool_(): "BOOLEAN"}
+
+
+def ddl_of(schema: pa.Schema) -> str:
+    """The Spark DDL of an Arrow schema of flat columns, so each layout is defined once."""
+    return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in schema)
+
+
+BUFFER_DDL = ddl_of(SCHEMA)
+# An effect: what one change does to one key (`algebra.KeyEffect`). `partial` and `named` say
+# whether `before` is a partial image (`algebra.partial_image`) and carries the key
+# (`algebra.carries_key`), `change_key` is laredo's key string of the image that names the key,
+# `missing` the columns `after` lacks (unchanged TOASTed values, a JSON array), `link` the other
+# key of a primary-key change.
+EFFECT_ARROW = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("existed", pa.bool_()),
+                          ("before", pa.string()), ("partial", pa.bool_()), ("named", pa.bool_()),
+                          ("after", pa.string()), ("change_key", pa.string()), ("missing", pa.string()),
+                          ("link", pa.string())])
+EFFECT_DDL = ddl_of(EFFECT_ARROW)
+EFFECT_COLUMNS = tuple(EFFECT_ARROW.names)
 NET_DDL = "key STRING, action STRING, change_key STRING, old STRING, new STRING"
 STATE_DDL = "key STRING, row STRING"
+_CHANGES = "action IN ('INSERT', 'UPDATE', 'DELETE')"
 
-_EFFECT_ARROW = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("stage", pa.int32()),
-                           ("existed", pa.bool_()), ("before", pa.string()), ("after", pa.string()),
-                           ("source_key", pa.string()), ("missing", pa.string()), ("link", pa.string()),
-                           ("needs_base", pa.bool_())])
-_NET_ARROW = pa.schema([("key", pa.string()), ("action", pa.string()), ("change_key", pa.string()),
-                        ("old", pa.string()), ("new", pa.string())])
-
-EffectRow = tuple[str | None, int, int, bool | None, str | None, str | None, str | None, str | None, str | None,
-                  bool]
-CHANGE_STAGE = 1
+EffectRow = tuple[str | None, int, bool | None, str | None, bool | None, bool | None, str | None, str | None,
+                  str | None, str | None]
 
 
 def key_json(key: TypedKey) -> str:
@@ -79,16 +96,16 @@ def encode_row(row: Row, key_fields: Sequence[str]) -> str:
     return gojson.encode_row(row, lambda: row_key(row, key_fields))
 
 
-# --- buffer rows -> changes -> effects ---------------------------------------------------------
+# --- the single-process reading of buffer rows (oracle, reconstruction) ----------------------------
 
 
 def buffer_change(action: str, key: str | None, old: str | None, new: str | None,
                   key_fields: Sequence[str]) -> Change:
     """A buffer row as the `Change` the source sent.
 
-    The buffer stores no `%v` key string (its `key` column is the typed key as JSON); the change's
-    key string is laredo's, computed from its image, or from the typed key for an image-less row.
-    Public so the single-process oracle in tests reads the buffer exactly as the Spark job does.
+    The change's key string is laredo's, computed from its image (the buffer's `change_key` holds
+    the same), or from the typed key for an image-less row. The single-process oracle in tests
+    reads the buffer with it.
     """
     old_row, new_row = decode_row(old), decode_row(new)
     image = new_row if new_row is not None else old_row
@@ -101,67 +118,40 @@ def buffer_change(action: str, key: str | None, old: str | None, new: str | None
     return Change(Change.parse_action(action), text, old_row, new_row)
 
 
-def change_effects(seq: int, change: Change, old_text: str | None, new_text: str | None,
-                   key_fields: Sequence[str], unchanged: Sequence[str] = ()) -> list[EffectRow]:
-    """`algebra.key_effects` of one change as effect rows; images keep their original text.
-
-    `unchanged` names the columns the change's `new` omits (they kept their value): the effect
-    whose `after` is that image carries them as `missing`. An effect needs the key's base row when
-    it claims the key existed but its before-image is partial (PostgreSQL's default replica
-    identity sends only the key columns, or nothing), or when its `after` misses columns.
-    """
+def change_effects(seq: int, change: Change, key_fields: Sequence[str]) -> list[EffectRow]:
+    """`algebra.key_effects` of one decoded change as effect rows (images re-encoded): for
+    changes that come decoded (an archived diff being reconstructed), not from the buffer."""
 
     def text(image: Row | None) -> str | None:
-        if image is None:
-            return None
-        if image is change.old and old_text is not None:
-            return old_text
-        if image is change.new and new_text is not None:
-            return new_text
-        return encode_row(image, key_fields)
+        return None if image is None else encode_row(image, key_fields)
 
     effects = key_effects(change, key_fields)
-    moved = len(effects) == 2  # a primary-key change: delete the old key, insert the new one
-    missing = gojson.dumps(list(unchanged)) if unchanged else None
-    rows: list[EffectRow] = []
-    for i, e in enumerate(effects):
-        gaps = missing if e.after is not None and e.after is change.new else None
-        link = key_json(effects[1 - i].key) if moved else None
-        needs_base = bool(gaps and not moved) or (e.existed and partial_image(e.before, key_fields))
-        rows.append((key_json(e.key), seq, CHANGE_STAGE, e.existed, text(e.before), text(e.after),
-                     gojson.valid_text(e.source_key), gaps, link, needs_base))
-    return rows
+    moved = len(effects) == 2
+    return [(key_json(e.key), seq, e.existed, text(e.before), partial_image(e.before, key_fields),
+             carries_key(e.before, key_fields), text(e.after),
+             gojson.valid_text(laredo_row_key(e.before, key_fields) if moved and e.after is None else e.source_key),
+             None, key_json(effects[1 - i].key) if moved else None)
+            for i, e in enumerate(effects)]
 
 
 def truncate_effect(seq: int) -> EffectRow:
     """The effect row of a TRUNCATE (no key): readers of archived diffs order it by seq."""
-    return (None, seq, CHANGE_STAGE, None, None, None, None, None, None, False)
+    return (None, seq, None, None, None, None, None, None, None, None)
 
 
-def partial_image(image: Row | None, key_fields: Sequence[str]) -> bool:
-    """True when a before-image is absent or holds no more than the key columns (a key-only image)."""
-    return image is None or set(image) <= set(key_fields)
+def arrow_batch(rows: Sequence[tuple[Any, ...]], schema: pa.Schema) -> Any:
+    """Row tuples as an Arrow batch of `schema` (what a `mapInArrow` task yields)."""
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+    return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)],
+                                      schema=schema)
 
 
 def effect_batch(rows: Sequence[EffectRow]) -> Any:
     """An Arrow batch in EFFECT_DDL layout."""
-    columns = list(zip(*rows, strict=True)) if rows else [()] * len(_EFFECT_ARROW)
-    return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, _EFFECT_ARROW, strict=True)],
-                                      schema=_EFFECT_ARROW)
+    return arrow_batch(rows, EFFECT_ARROW)
 
 
-def _explode_batches(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[Any]:
-    for batch in batches:
-        rows: list[EffectRow] = []
-        columns = [batch.column(name).to_pylist() for name in ("seq", "action", "key", "old", "new", "unchanged")]
-        for seq, action, key, old, new, unchanged in zip(*columns, strict=True):
-            change = buffer_change(action, key, old, new, key_fields)
-            gaps = gojson.loads(unchanged) if unchanged else ()
-            rows.extend(change_effects(seq, change, old, new, key_fields, gaps))
-        yield effect_batch(rows)
-
-
-# --- reading the buffer --------------------------------------------------------------------------
+# --- reading the buffer ------------------------------------------------------------------------------
 
 
 def seq_predicate(segments: Sequence[SegmentRef]) -> str:
@@ -184,140 +174,170 @@ def read_window(spark: SparkSession, segments: Sequence[SegmentRef]) -> DataFram
     return spark.read.schema(BUFFER_DDL).parquet(*paths).filter(seq_predicate(segments))
 
 
-def last_truncate_seq(changes: DataFrame) -> int | None:
-    """The seq of the window's last TRUNCATE (a one-row aggregate on the driver), or None."""
-    row = changes.filter("action = 'TRUNCATE'").selectExpr("max(seq) AS t").collect()[0]
-    return None if row["t"] is None else int(row["t"])
+# --- the window: its facts, its cut, legacy rows -----------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
-    """The part of a change window that matters: the changes after its last TRUNCATE, if any."""
+class WindowFacts:
+    """What one aggregate over a window says about it (over every scope, for `scope` columns).
 
-    changes: DataFrame
-    truncated: bool
-
-
-def effective_window(changes: DataFrame) -> Window:
-    """Drop everything at or before the last TRUNCATE (it is written first, and wipes the rest)."""
-    cut = last_truncate_seq(changes)
-    if cut is None:
-        return Window(changes.filter("action <> 'TRUNCATE'"), False)
-    return Window(changes.filter(f"seq > {cut} AND action <> 'TRUNCATE'"), True)
-
-
-def explode(changes: DataFrame, key_fields: Sequence[str], *, spread: int | None = None) -> DataFrame:
-    """Buffer rows (no TRUNCATEs) -> effect rows (EFFECT_DDL), one task per input partition.
-
-    `spread` first deals the rows round-robin over that many partitions: a window of one or two
-    segments is only one or two scan partitions (a segment's row groups hold 64k changes), which
-    would leave the Python work of the explode on one core. Moving raw rows is cheap next to it.
+    `cuts` is a tiny local frame (scope columns, `cut`: the last TRUNCATE's seq or null) that
+    `after_cut` joins; the flags say whether any change after the cut may need a step: `partial`
+    a before-image from the base, `unnamed` a net DELETE named from its first after-image (an
+    UPDATE whose before-image lacks a key field), `gaps` a fill, `legacy` an upgrade.
     """
-    func = functools.partial(_explode_batches, key_fields=tuple(key_fields))
-    rows = changes.select("seq", "action", "key", "old", "new", "unchanged")
-    if spread:
-        rows = rows.repartition(spread)
-    return rows.mapInArrow(func, EFFECT_DDL)
+
+    cuts: DataFrame
+    truncated: bool
+    partial: bool
+    unnamed: bool
+    gaps: bool
+    legacy: bool
 
 
-def spread_for(segments: Sequence[SegmentRef], partitions: int) -> int | None:
-    """How widely to spread a window before the explode (None: its scan is already wide enough)."""
-    return partitions if 0 < len(segments) < partitions else None
+def window_facts(rows: DataFrame, scope: Sequence[str] = ()) -> WindowFacts:
+    """One aggregate over the buffer rows (collected: one row per scope, one in production).
+
+    Legacy rows (their derived columns null) count as needing every step they might need.
+    """
+    seq = F.col("seq")
+    facts = rows.groupBy(*scope).agg(
+        F.max(F.when(F.col("action") == "TRUNCATE", seq)).alias("cut"),
+        F.max(F.when(F.col("action").isin("UPDATE", "DELETE") & F.coalesce("old_partial", F.lit(True)), seq))
+        .alias("partial"),
+        F.max(F.when((F.col("action") == "UPDATE") & ~F.coalesce("old_carries_key", F.lit(False)), seq))
+        .alias("unnamed"),
+        F.max(F.when(F.col("unchanged").isNotNull(), seq)).alias("gap"),
+        F.max(F.when(F.expr(_CHANGES) & F.col("change_key").isNull(), seq)).alias("legacy"),
+    ).collect()
+
+    def any_after(name: str) -> bool:
+        return any(r[name] is not None and (r["cut"] is None or r[name] > r["cut"]) for r in facts)
+
+    schema = ", ".join([*(f"`{c}` {rows.schema[c].dataType.simpleString()}" for c in scope), "cut BIGINT"])
+    cuts = rows.sparkSession.createDataFrame([(*(r[c] for c in scope), r["cut"]) for r in facts], schema)
+    return WindowFacts(cuts, any(r["cut"] is not None for r in facts), any_after("partial"), any_after("unnamed"),
+                       any_after("gap"), any_after("legacy"))
 
 
-def group_by_key(effects: DataFrame, partitions: int) -> DataFrame:
-    """Each key's effects in one partition, adjacent and in source order (images before effects)."""
-    return effects.repartition(partitions, "key").sortWithinPartitions("key", "seq", "stage")
+def after_cut(rows: DataFrame, facts: WindowFacts, scope: Sequence[str] = ()) -> DataFrame:
+    """The changes after each scope's last TRUNCATE (it is written first and wipes the rest), with
+    `truncated`: whether there was one (then every key starts absent: `KeyNet.start`)."""
+    cuts = F.broadcast(facts.cuts)
+    joined = rows.join(cuts, list(scope), "inner") if scope else rows.crossJoin(cuts)
+    return (joined.filter(F.expr(_CHANGES) & (F.col("cut").isNull() | (F.col("seq") > F.col("cut"))))
+            .withColumn("truncated", F.col("cut").isNotNull()).drop("cut"))
 
 
-def materialize(frame: DataFrame, path: Path, ddl: str) -> DataFrame:
-    """Write `frame` once and read it back, so the steps after it never recompute it."""
-    frame.write.mode("overwrite").parquet(str(path))
-    return frame.sparkSession.read.schema(ddl).parquet(str(path))
+_DERIVED = ("old_key", "change_key", "old_change_key", "old_partial", "old_carries_key")
 
 
-# --- the fold --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class NetChange:
-    """One key's net change, with the original text of the images it reuses (None: re-encode)."""
-
-    key: str
-    change: Change
-    old_text: str | None
-    new_text: str | None
-
-
-class _Group:
-    """The key being folded: its KeyNet and the texts of the images the net change may reuse."""
-
-    def __init__(self, key: str, effect: KeyEffect, before: str | None, after: str | None, *,
-                 truncated: bool, key_fields: tuple[str, ...]) -> None:
-        self.key = key
-        self.typed = effect.key
-        self.net = KeyNet.start(effect, truncated=truncated, key_fields=key_fields)
-        self.first_before, self.before_text = effect.before, before
-        self.last_after, self.after_text = effect.after, after
-
-    def fold(self, effect: KeyEffect, after: str | None) -> None:
-        self.net.fold(effect)
-        self.last_after, self.after_text = effect.after, after
-
-    def result(self, key_fields: tuple[str, ...]) -> NetChange | None:
-        change = self.net.to_change(laredo_row_key, key_fields)
-        if change is None:
-            return None
-        old_text = self.before_text if change.old is not None and change.old is self.first_before else None
-        new_text = self.after_text if change.new is not None and change.new is self.last_after else None
-        return NetChange(self.key, change, old_text, new_text)
-
-
-def fold_sorted(batches: Iterable[Any], key_fields: Sequence[str], *, truncated: bool) -> Iterator[NetChange]:
-    """Fold effect batches sorted by (key, seq) into one net change per key (keys whose net
-    movement is nothing, e.g. insert then delete, yield nothing). A group may span batches."""
-    fields = tuple(key_fields)
-    group: _Group | None = None
+def _legacy_batches(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[Any]:
     for batch in batches:
-        columns = [batch.column(name).to_pylist() for name in ("key", "existed", "before", "after", "source_key")]
-        for key, existed, before, after, source_key in zip(*columns, strict=True):
-            if group is not None and key == group.key:
-                group.fold(KeyEffect(group.typed, existed, decode_row(before), decode_row(after), source_key), after)
-                continue
-            if group is not None and (net := group.result(fields)) is not None:
-                yield net
-            effect = KeyEffect(tuple(gojson.loads(key)), existed, decode_row(before), decode_row(after), source_key)
-            group = _Group(key, effect, before, after, truncated=truncated, key_fields=fields)
-    if group is not None and (net := group.result(fields)) is not None:
-        yield net
+        columns = {name: batch.column(name).to_pylist() for name in ("action", "key", "old", "new", "position")}
+        derived = [derived_columns(Action(action), key, decode_row(old), decode_row(new), key_fields,
+                                   f"{action} at {pos}")
+                   for action, key, old, new, pos in zip(*columns.values(), strict=True)]
+        for name, values in zip(_DERIVED, zip(*derived, strict=True), strict=True):
+            index = batch.schema.get_field_index(name)
+            batch = batch.set_column(index, batch.schema.field(index), pa.array(values, batch.schema.field(index).type))
+        yield batch
 
 
-def _net_batches(batches: Iterable[Any], key_fields: tuple[str, ...], truncated: bool) -> Iterator[Any]:
-    rows: list[tuple[str, str, str, str | None, str | None]] = []
-
-    def text(image: Row | None, known: str | None) -> str | None:
-        return known if known is not None or image is None else encode_row(image, key_fields)
-
-    for net in fold_sorted(batches, key_fields, truncated=truncated):
-        change = net.change
-        rows.append((net.key, change.action.value, gojson.valid_text(change.key),
-                     text(change.old, net.old_text), text(change.new, net.new_text)))
-        if len(rows) >= 4096:
-            yield _net_batch(rows)
-            rows = []
-    yield _net_batch(rows)
+def upgrade_legacy(changes: DataFrame, key_fields: Sequence[str]) -> DataFrame:
+    """Rows from segments written before the derived columns existed get them (in a task, with
+    ingest's `derived_columns`); the other rows pass through untouched."""
+    legacy = F.col("change_key").isNull()
+    func = functools.partial(_legacy_batches, key_fields=tuple(key_fields))
+    derived = changes.filter(legacy).mapInArrow(func, changes.schema)
+    return changes.filter(~legacy).unionByName(derived)
 
 
-def _net_batch(rows: Sequence[tuple[str, str, str, str | None, str | None]]) -> Any:
-    columns = list(zip(*rows, strict=True)) if rows else [()] * len(_NET_ARROW)
-    return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, _NET_ARROW, strict=True)],
-                                      schema=_NET_ARROW)
+# --- explode, fold, net ------------------------------------------------------------------------------
+
+_NULL = "CAST(NULL AS STRING)"
+_EXPLODE = f"""inline(CASE WHEN old_key IS NOT NULL THEN array(
+    named_struct('key', old_key, 'existed', true, 'before', old, 'partial', old_partial, 'named', old_carries_key,
+                 'after', {_NULL}, 'change_key', old_change_key, 'missing', {_NULL}, 'link', key),
+    named_struct('key', key, 'existed', false, 'before', {_NULL}, 'partial', true, 'named', false,
+                 'after', new, 'change_key', change_key, 'missing', unchanged, 'link', old_key))
+  ELSE array(named_struct('key', key, 'existed', action <> 'INSERT', 'before', IF(action = 'INSERT', NULL, old),
+                 'partial', action = 'INSERT' OR old_partial, 'named', action <> 'INSERT' AND old_carries_key,
+                 'after', IF(action = 'DELETE', NULL, new), 'change_key', change_key,
+                 'missing', IF(action = 'DELETE', NULL, unchanged), 'link', {_NULL})) END)"""
+
+
+def explode(changes: DataFrame, scope: Sequence[str] = ()) -> DataFrame:
+    """Changes (after the cut) -> effects (EFFECT_DDL, then scope and `truncated`): `key_effects`."""
+    return changes.selectExpr(*scope, "truncated", "seq", _EXPLODE).select(*EFFECT_COLUMNS, *scope, "truncated")
+
+
+def fold(effects: DataFrame, *, partitions: int, scope: Sequence[str] = ()) -> DataFrame:
+    """Each key's effects -> its first and last (KeyNet.start / fold): one row per key with
+    `existed` (at the window's start), `before`, `partial`, `named`, `first_after`, `first_key`
+    (the first effect's images, their flags and key string) and `after`, `last_key` (the last
+    effect's).
+
+    One shuffle by key, sorted by (key, seq) inside the partitions, so the per-key aggregate runs
+    on sorted input without another sort.
+    """
+    by = [*scope, "key"]
+    first = F.min_by(F.struct("existed", "truncated", "before", "partial", "named", "after", "change_key"), "seq")
+    last = F.max_by(F.struct("after", "change_key"), "seq")
+    return (effects.repartition(partitions, *by).sortWithinPartitions(*by, "seq")
+            .groupBy(*by).agg(first.alias("first"), last.alias("last"))
+            .select(*by, (F.col("first.existed") & ~F.col("first.truncated")).alias("existed"),
+                    F.col("first.before").alias("before"), F.col("first.partial").alias("partial"),
+                    F.col("first.named").alias("named"), F.col("first.after").alias("first_after"),
+                    F.col("first.change_key").alias("first_key"), F.col("last.after").alias("after"),
+                    F.col("last.change_key").alias("last_key")))
+
+
+def _named_batches(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[Any]:
+    for batch in batches:
+        columns = [batch.column(name).to_pylist() for name in ("before", "first_after")]
+        old = []
+        for before, first_after in zip(*columns, strict=True):
+            effect = KeyEffect((), True, decode_row(before), decode_row(first_after), "")
+            named = KeyNet.start(effect, truncated=False, key_fields=key_fields).delete_old
+            old.append(None if named is None else encode_row(named, key_fields))
+        index = batch.schema.get_field_index("before")
+        yield batch.set_column(index, batch.schema.field(index), pa.array(old, batch.schema.field(index).type))
+
+
+def net_rows(folded: DataFrame, key_fields: Sequence[str], scope: Sequence[str] = (), *,
+             unnamed: bool = True) -> DataFrame:
+    """Folded keys -> net changes (NET_DDL, then scope): KeyNet.to_change.
+
+    start absent, end present: INSERT; present, present: UPDATE first before -> last after;
+    present, absent: DELETE with the first before-image (named with its key); absent, absent:
+    nothing. The key string is the last after-image's, or for a DELETE the first image's.
+    `unnamed=False` (no UPDATE in the window sent a before-image without its key) skips the
+    Python branch that names a DELETE's before-image; with it, `folded` is read twice (materialize
+    it first).
+    """
+    present, existed = F.col("after").isNotNull(), F.col("existed")
+    rows = folded.filter(present | existed)
+    if unnamed:
+        # KeyNet.start's delete_old: a before-image that does not name its key takes the key values
+        # of the first after-image (a new image, so Python encodes it; only such DELETEs go there).
+        need = ~present & F.col("first_after").isNotNull() & ~F.coalesce("named", F.lit(False))
+        func = functools.partial(_named_batches, key_fields=tuple(key_fields))
+        rows = rows.filter(~need).unionByName(rows.filter(need).mapInArrow(func, rows.schema))
+    return rows.select(
+        "key",
+        F.when(present, F.when(existed, F.lit("UPDATE")).otherwise(F.lit("INSERT"))).otherwise(F.lit("DELETE"))
+        .alias("action"),
+        F.when(present, F.col("last_key")).otherwise(F.col("first_key")).alias("change_key"),
+        F.when(existed, F.col("before")).alias("old"),
+        F.col("after").alias("new"),
+        *scope)
 
 
 def net_changes(effects: DataFrame, key_fields: Sequence[str], *, truncated: bool, partitions: int) -> DataFrame:
-    """Effects -> one net change per key as rows (NET_DDL: key, action, change_key, old, new)."""
-    func = functools.partial(_net_batches, key_fields=tuple(key_fields), truncated=truncated)
-    return group_by_key(effects, partitions).mapInArrow(func, NET_DDL)
+    """Effects (EFFECT_DDL, complete images) -> one net change per key (NET_DDL)."""
+    marked = effects.select(*EFFECT_COLUMNS, F.lit(truncated).alias("truncated"))
+    return net_rows(fold(marked, partitions=partitions), key_fields)
 
 
 def apply_net(base: DataFrame, net: DataFrame) -> DataFrame:
@@ -327,7 +347,12 @@ def apply_net(base: DataFrame, net: DataFrame) -> DataFrame:
     return untouched.unionByName(net.filter("new IS NOT NULL").selectExpr("key", "new AS row"))
 
 
+def materialize(frame: DataFrame, path: Path) -> DataFrame:
+    """Write `frame` once and read it back, so the steps after it never recompute it."""
+    frame.write.mode("overwrite").parquet(str(path))
+    return frame.sparkSession.read.schema(frame.schema).parquet(str(path))
+
+
 def default_partitions(spark: SparkSession) -> int:
     """The shuffle width: `spark.sql.shuffle.partitions` (small by default on a local runtime)."""
     return max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or "4"))
-

@@ -100,7 +100,7 @@ def _diff_task(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[
                         if change.action is Action.TRUNCATE:
                             rows.append(truncate_effect(start))  # applies first: seq = diff start
                         else:
-                            rows.extend(change_effects(start + ordinal, change, None, None, key_fields))
+                            rows.extend(change_effects(start + ordinal, change, key_fields))
                         if len(rows) >= 4096:
                             yield effect_batch(rows)
                             rows = []

@@ -1,9 +1,21 @@
 """A window of buffer changes as one net change per key, with complete row images.
 
-The one path every build takes from buffer segments to net changes: read the window (seq-filtered
-segments), cut it at its last TRUNCATE, explode changes into per-key effects (written once, so the
-steps after it never recompute the Python explode), complete their images against the base
-(`images.resolve_images`: unchanged TOASTed values, before-images), fold each key.
+The one path every build takes from buffer segments to net changes (effects.py and images.py say
+how each step works):
+
+  read     the window's segments, seq-filtered (`read_window`)
+  facts    one aggregate: the last TRUNCATE and which of the optional steps below are needed
+  cut      drop everything up to the last TRUNCATE (`after_cut`)
+  legacy   derive the key columns of rows from older segments (`upgrade_legacy`; usually skipped)
+  explode  changes -> per-key effects (SQL)
+  fill     unchanged TOASTed values from the key's previous image (`images.fill_gaps`; only with
+           REPLICA IDENTITY DEFAULT UPDATEs in the window, and only over the keys they touch)
+  fold     first and last effect per key (SQL)
+  befores  partial first before-images from the base (`images.complete_befores`; only when the
+           window holds partial before-images and has no TRUNCATE)
+  net      insert / update / delete per key (SQL; a DELETE whose before-image lacks its key is
+           named in Python, only when an UPDATE in the window sent such an image)
+
 `advance` applies that to the base: the table at the window's end.
 """
 
@@ -14,20 +26,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from resources.buffer.reader import SegmentRef
 from snapshot_assets.spark.bases import Base
 from snapshot_assets.spark.effects import (
-    EFFECT_DDL,
+    after_cut,
     apply_net,
-    effective_window,
     explode,
+    fold,
     materialize,
-    net_changes,
+    net_rows,
     read_window,
-    spread_for,
+    upgrade_legacy,
+    window_facts,
 )
-from snapshot_assets.spark.images import resolve_images
+from snapshot_assets.spark.images import complete_befores, fill_gaps
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +56,23 @@ def net_window(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
                partitions: int, scratch: Path) -> NetWindow:
     """The window `segments` (which must start at `base.position`) as one net change per key."""
     fields = tuple(key_fields)
-    window = effective_window(read_window(spark, segments))
-    effects = materialize(explode(window.changes, fields, spread=spread_for(segments, partitions)),
-                          scratch / "effects", EFFECT_DDL)
-    complete = resolve_images(spark, effects, None if window.truncated else base, fields, partitions=partitions,
-                              scratch=scratch / "images", window=window.changes)
-    return NetWindow(net_changes(complete, fields, truncated=window.truncated, partitions=partitions),
-                     window.truncated)
+    rows = read_window(spark, segments)
+    facts = window_facts(rows)
+    changes = after_cut(rows, facts)
+    if facts.legacy:
+        changes = upgrade_legacy(changes, fields)
+    effects = explode(changes)
+    start = None if facts.truncated else base
+    if facts.gaps:
+        filled = fill_gaps(spark, effects, start, fields, partitions=partitions, scratch=scratch / "images",
+                           window=rows)
+        effects = filled.withColumn("truncated", F.lit(facts.truncated))
+    folded = fold(effects, partitions=partitions)
+    if facts.partial and start is not None:
+        folded = complete_befores(folded, start.frame(spark, fields))
+    if facts.unnamed:  # net_rows reads it twice
+        folded = materialize(folded, scratch / "folded")
+    return NetWindow(net_rows(folded, fields, unnamed=facts.unnamed), facts.truncated)
 
 
 def advance(spark: SparkSession, base: Base, segments: Sequence[SegmentRef], key_fields: Sequence[str], *,

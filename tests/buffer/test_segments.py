@@ -48,11 +48,15 @@ def test_segments_are_parquet_with_the_documented_schema(tmp_path: Path) -> None
     changes = pq.read_table(refs[1].path).to_pylist()
     assert changes == [
         {"seq": 3, "position": lsn(200), "action": "UPDATE", "key": "[1]", "old": '{"id":1,"v":"a"}',
-         "new": '{"id":1,"v":"é"}', "commit_time": "2024-05-06T07:08:09.12Z", "unchanged": None},
+         "new": '{"id":1,"v":"é"}', "commit_time": "2024-05-06T07:08:09.12Z", "unchanged": None,
+         "old_key": None, "change_key": "1", "old_change_key": None, "old_partial": False, "old_carries_key": True},
         {"seq": 4, "position": lsn(200), "action": "DELETE", "key": f"[{BIG}]",
-         "old": f'{{"id":{BIG},"v":"\\u003cb\\u003e"}}', "new": None, "commit_time": None, "unchanged": None},
+         "old": f'{{"id":{BIG},"v":"\\u003cb\\u003e"}}', "new": None, "commit_time": None, "unchanged": None,
+         "old_key": None, "change_key": "9.007199254740992e+15", "old_change_key": None, "old_partial": False,
+         "old_carries_key": True},
         {"seq": 5, "position": lsn(200), "action": "TRUNCATE", "key": None, "old": None, "new": None,
-         "commit_time": None, "unchanged": None},
+         "commit_time": None, "unchanged": None, "old_key": None, "change_key": None, "old_change_key": None,
+         "old_partial": None, "old_carries_key": None},
     ]
 
 
@@ -227,6 +231,25 @@ def test_primary_key_change_keys_by_the_new_image(tmp_path: Path) -> None:
         assert buf.stats(lsn(100)).distinct_keys_estimate == 2  # both keys were touched
     row = buffer_rows(tmp_path, T)[-1]
     assert (row["key"], row["old"]) == ("[2]", '{"id":1,"v":"a"}')
+    assert (row["old_key"], row["change_key"], row["old_change_key"]) == ("[1]", "2", "1")
+    assert (row["old_partial"], row["old_carries_key"]) == (False, True)
+
+
+def test_an_update_naming_its_own_key_in_old_is_no_key_change(tmp_path: Path) -> None:
+    """A partial before-image (key columns only, or none) or the same key: `old_key` stays null;
+    the row says which before-images are partial and which name their key."""
+    with open_buffer(tmp_path) as buf:
+        for event in initial_load(SIMPLE_SCHEMA, lsn(100), [{"id": 1, "v": "a"}, {"id": 3, "v": "c"}]):
+            buf.append(event)
+        buf.append(ChangeEvent(lsn(200), Action.UPDATE, old={"id": 1}, new={"id": 1, "v": "b"}))
+        buf.append(ChangeEvent(lsn(200), Action.UPDATE, old={"v": "c"}, new={"id": 3, "v": "d"}))
+        buf.append(ChangeEvent(lsn(200), Action.UPDATE, new={"id": 1000000, "v": "e"}))
+        buf.append(TxEnd(lsn(200)))
+        buf.seal()
+    rows = buffer_rows(tmp_path, T)[-3:]
+    assert [(r["old_key"], r["change_key"], r["old_change_key"], r["old_partial"], r["old_carries_key"])
+            for r in rows] == [(None, "1", None, True, True), (None, "3", None, False, False),
+                               (None, "1e+06", None, True, False)]
 
 
 def test_empty_positions_belong_to_the_next_boundary(tmp_path: Path) -> None:
@@ -244,5 +267,5 @@ def test_empty_positions_belong_to_the_next_boundary(tmp_path: Path) -> None:
 def test_record_batch_schema_matches_parquet_columns() -> None:
     from resources.buffer.segments import record_batch
 
-    batch = record_batch([(1, "0/1", "INSERT", "[1]", None, '{"id":1}', None, None)])
+    batch = record_batch([(1, "0/1", "INSERT", "[1]", None, '{"id":1}', None, None, None, "1", None, True, False)])
     assert batch.schema.equals(SCHEMA) and isinstance(batch, pa.RecordBatch)
