@@ -139,7 +139,9 @@ def fill_gaps(spark: SparkSession, effects: DataFrame, base: Base | None, key_fi
                        .distinct(), scratch / "keys")
     staged = effects.join(keys, "key", "left_semi").withColumn("stage", F.lit(CHANGE_STAGE))
     if base is not None:
-        images = base.frame(spark, fields).join(keys, "key", "left_semi").selectExpr(
+        from snapshot_assets.spark.bases import rows_for  # bases imports this package's effects
+
+        images = rows_for(base, spark, fields, keys).selectExpr(
             "key", f"CAST({BASE_SEQ} AS BIGINT) AS seq", "CAST(NULL AS BOOLEAN) AS existed",
             "CAST(NULL AS STRING) AS before", "CAST(NULL AS BOOLEAN) AS partial", "CAST(NULL AS BOOLEAN) AS named",
             "row AS after", "CAST(NULL AS STRING) AS change_key",

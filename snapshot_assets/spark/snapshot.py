@@ -113,7 +113,7 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
     bounds = state.bounds
     if not layers:
         return StateBuild(replace(state, path=str(state_dir), position=position), frozenset(), {}, "incremental")
-    changed = materialize(latest_images(layers, ROWS_DDL), staging / "_work" / "changed", ROWS_DDL)
+    changed = materialize(latest_images(layers, ROWS_DDL), staging / "_work" / "changed")
     touched = sorted(int(r["b"]) for r in changed.selectExpr(f"{bucket_expr(bounds)} AS b").distinct().collect())
     upserts = changed.filter("row IS NOT NULL")
     if state.schema is not None:
