@@ -23,12 +23,21 @@ After N failures in a row the next request waits `retry.backoff * 2**(N-1)` (at 
 `retry.max_backoff`, both per table) from the end of the last failed run; until then the skip
 reason says which retry is due when, and a retry's run carries `snapshotter/attempt` and
 `snapshotter/retry_of` (the failed run) and logs "retry N of boundary B after failure of run X".
+
+Diff size. `max_diff_bytes` / `max_diff_fraction` judge the encoded size of the diff that would be
+written (policy rule), which only Spark can tell (pipeline/diff_size.py). The decision asks for it
+only when it can change the outcome, so a tick opens a Spark session (the configured runtime: the
+local Connect server by default, or `spark.remote`) only then, once for all tables, and stops it
+at the end of the tick. A sensor that cannot measure (no Spark reachable from the daemon's host,
+a failing job) logs why and judges the buffer's bytes since the head instead: the table keeps
+being archived, and its re-bases still come from the other triggers.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +48,7 @@ from resources.buffer.errors import ChangeBufferError
 from resources.destinations.base import DestinationError
 from snapshot_assets.archive.errors import ArchiveError
 from snapshot_assets.jobs import diff_job, snapshot_job
-from snapshot_assets.pipeline.decide import NextArtifact, next_artifact
+from snapshot_assets.pipeline.decide import DiffSize, NextArtifact, next_artifact
 from snapshot_assets.pipeline.table import TablePipeline
 from snapshot_assets.run_history import UNSUCCESSFUL, FailureStreak, failure_streak, in_progress
 from snapshot_assets.tables import (
@@ -119,12 +128,45 @@ def attempt(instance: dg.DagsterInstance, pipe: TablePipeline, nxt: NextArtifact
     return Attempt(boundary, number, previous, streak, streak.retry_due(pipe.cfg.retry))
 
 
+class MeasuringSpark:
+    """The Spark session a tick measures pending diffs with: opened at the first measurement, stopped by `close`."""
+
+    def __init__(self) -> None:
+        self._runtime: Any = None
+
+    def session(self) -> Any:
+        if self._runtime is None:
+            from snapshot_assets.spark.session import open_spark
+
+            self._runtime = open_spark(config().spark, app_name="snapshotter-rebase-trigger")
+        return self._runtime.spark
+
+    def close(self) -> None:
+        if self._runtime is not None:
+            self._runtime.stop()
+            self._runtime = None
+
+
+def diff_size(pipe: TablePipeline, spark: MeasuringSpark, stand_in: int, log: logging.Logger) -> DiffSize:
+    """The table's pending diff measured by Spark, or `stand_in` (the buffer's bytes) when it cannot be."""
+    def measure(from_position: str, to_position: str) -> int:
+        from snapshot_assets.pipeline.diff_size import SparkDiffSize
+
+        try:
+            return SparkDiffSize(spark.session(), pipe)(from_position, to_position)
+        except Exception as e:  # any failure of the runtime or the job: decide on the stand-in, say why
+            log.warning(f"{pipe.name}: cannot measure the pending diff with Spark ({type(e).__name__}: {e}); "
+                        f"the size triggers judge the buffer's {stand_in} bytes since the head instead")
+            return stand_in
+    return measure
+
+
 def shortest_interval() -> int:
     return max(1, int(min(t.diff_interval.total_seconds() for t in config().tables)))
 
 
 def consider(context: dg.SensorEvaluationContext, pipe: TablePipeline, last: dict[str, float],
-             now: _dt.datetime, events: list[dg.AssetObservation]) -> dg.RunRequest | str:
+             now: _dt.datetime, events: list[dg.AssetObservation], spark: MeasuringSpark) -> dg.RunRequest | str:
     """The run to request for one table now, or why there is none."""
     try:
         m = pipe.manifest()
@@ -138,7 +180,7 @@ def consider(context: dg.SensorEvaluationContext, pipe: TablePipeline, last: dic
     wait = last.get(pipe.name, 0.0) + pipe.cfg.diff_interval.total_seconds() - now.timestamp()
     if wait > 0:
         return f"next look in {wait:.0f}s (diff.interval)"
-    nxt = next_artifact(m, stats, pipe.cfg.policy, now)
+    nxt = next_artifact(m, stats, pipe.cfg.policy, now, diff_size=diff_size(pipe, spark, stats.bytes, context.log))
     if nxt.kind == "none":
         return "nothing to do"
     tried = attempt(context.instance, pipe, nxt)
@@ -164,11 +206,15 @@ def rebase_trigger(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     requests: list[dg.RunRequest] = []
     events: list[dg.AssetObservation] = []
     skipped: list[str] = []
-    for pipe in pipelines():
-        outcome = consider(context, pipe, last, now, events)
-        if isinstance(outcome, dg.RunRequest):
-            requests.append(outcome)
-        else:
-            skipped.append(f"{pipe.name}: {outcome}")
+    spark = MeasuringSpark()
+    try:
+        for pipe in pipelines():
+            outcome = consider(context, pipe, last, now, events, spark)
+            if isinstance(outcome, dg.RunRequest):
+                requests.append(outcome)
+            else:
+                skipped.append(f"{pipe.name}: {outcome}")
+    finally:
+        spark.close()
     return dg.SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(last),
                            skip_reason=None if requests else "; ".join(skipped))
