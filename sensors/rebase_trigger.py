@@ -28,9 +28,11 @@ Diff size. `max_diff_bytes` / `max_diff_fraction` judge the encoded size of the 
 written (policy rule), which only Spark can tell (pipeline/diff_size.py). The decision asks for it
 only when it can change the outcome, so a tick opens a Spark session (the configured runtime: the
 local Connect server by default, or `spark.remote`) only then, once for all tables, and stops it
-at the end of the tick. A sensor that cannot measure (no Spark reachable from the daemon's host,
-a failing job) logs why and judges the buffer's bytes since the head instead: the table keeps
-being archived, and its re-bases still come from the other triggers.
+at the end of the tick. Measuring shares one budget per tick (`MEASURE_BUDGET_S`, well inside
+Dagster's sensor timeout), because a Spark Connect endpoint that does not answer makes the client
+retry for minutes. A sensor that cannot measure (no Spark reachable from the daemon's host, the
+budget spent, a failing job) logs why and judges the buffer's bytes since the head instead: the
+table keeps being archived, and its re-bases still come from the other triggers.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +51,7 @@ from resources.buffer import BufferStats
 from resources.buffer.errors import ChangeBufferError
 from resources.destinations.base import DestinationError
 from snapshot_assets.archive.errors import ArchiveError
+from snapshot_assets.config import SparkConfig
 from snapshot_assets.jobs import diff_job, snapshot_job
 from snapshot_assets.pipeline.decide import DiffSize, NextArtifact, next_artifact
 from snapshot_assets.pipeline.table import TablePipeline
@@ -128,32 +133,63 @@ def attempt(instance: dg.DagsterInstance, pipe: TablePipeline, nxt: NextArtifact
     return Attempt(boundary, number, previous, streak, streak.retry_due(pipe.cfg.retry))
 
 
-class MeasuringSpark:
-    """The Spark session a tick measures pending diffs with: opened at the first measurement, stopped by `close`."""
+MEASURE_BUDGET_S = 40.0
+"""Seconds a tick may spend measuring pending diffs (Dagster's default sensor timeout is 60 s)."""
 
-    def __init__(self) -> None:
+
+class MeasuringSpark:
+    """The Spark session a tick measures pending diffs with: opened at the first measurement, within
+    the tick's budget; once the budget is spent or a measurement hangs, the tick stops asking."""
+
+    def __init__(self, spark_config: SparkConfig, budget_s: float = MEASURE_BUDGET_S) -> None:
+        self.spark_config = spark_config
+        self.budget_s = budget_s
+        self.deadline = time.monotonic() + budget_s
+        self.unavailable = ""
         self._runtime: Any = None
 
-    def session(self) -> Any:
+    def _session(self) -> Any:
         if self._runtime is None:
             from snapshot_assets.spark.session import open_spark
 
-            self._runtime = open_spark(config().spark, app_name="snapshotter-rebase-trigger")
+            self._runtime = open_spark(self.spark_config, app_name="snapshotter-rebase-trigger")
         return self._runtime.spark
 
+    def measure(self, pipe: TablePipeline, from_position: str, to_position: str) -> int:
+        """The pending diff's bytes in the primary format; raises when it cannot be measured in time."""
+        from snapshot_assets.pipeline.diff_size import SparkDiffSize
+
+        if self.unavailable:
+            raise TimeoutError(self.unavailable)
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                outcome["size"] = SparkDiffSize(self._session(), pipe)(from_position, to_position)
+            except Exception as e:  # handed to the tick below
+                outcome["error"] = e
+
+        worker = threading.Thread(target=work, name=f"measure-{pipe.name}", daemon=True)
+        worker.start()
+        worker.join(max(0.0, self.deadline - time.monotonic()))
+        if worker.is_alive():  # left to the client's own retries; this tick measures nothing more
+            self.unavailable = f"no measurement within the tick's budget of {self.budget_s:.0f}s"
+            raise TimeoutError(self.unavailable)
+        if "error" in outcome:
+            raise outcome["error"]
+        return int(outcome["size"])
+
     def close(self) -> None:
-        if self._runtime is not None:
+        if self._runtime is not None and not self.unavailable:
             self._runtime.stop()
-            self._runtime = None
+        self._runtime = None
 
 
 def diff_size(pipe: TablePipeline, spark: MeasuringSpark, stand_in: int, log: logging.Logger) -> DiffSize:
     """The table's pending diff measured by Spark, or `stand_in` (the buffer's bytes) when it cannot be."""
     def measure(from_position: str, to_position: str) -> int:
-        from snapshot_assets.pipeline.diff_size import SparkDiffSize
-
         try:
-            return SparkDiffSize(spark.session(), pipe)(from_position, to_position)
+            return spark.measure(pipe, from_position, to_position)
         except Exception as e:  # any failure of the runtime or the job: decide on the stand-in, say why
             log.warning(f"{pipe.name}: cannot measure the pending diff with Spark ({type(e).__name__}: {e}); "
                         f"the size triggers judge the buffer's {stand_in} bytes since the head instead")
@@ -206,7 +242,7 @@ def rebase_trigger(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     requests: list[dg.RunRequest] = []
     events: list[dg.AssetObservation] = []
     skipped: list[str] = []
-    spark = MeasuringSpark()
+    spark = MeasuringSpark(config().spark)
     try:
         for pipe in pipelines():
             outcome = consider(context, pipe, last, now, events, spark)
