@@ -216,7 +216,8 @@ def consider(context: dg.SensorEvaluationContext, pipe: TablePipeline, last: dic
     wait = last.get(pipe.name, 0.0) + pipe.cfg.diff_interval.total_seconds() - now.timestamp()
     if wait > 0:
         return f"next look in {wait:.0f}s (diff.interval)"
-    nxt = next_artifact(m, stats, pipe.cfg.policy, now, diff_size=diff_size(pipe, spark, stats.bytes, context.log))
+    nxt = next_artifact(m, stats, pipe.cfg.policy, now, diff_size=diff_size(pipe, spark, stats.bytes, context.log),
+                        snapshot_format=pipe.cfg.snapshot_formats[0])
     if nxt.kind == "none":
         return "nothing to do"
     tried = attempt(context.instance, pipe, nxt)

@@ -41,8 +41,8 @@ class Policy:
 class TriggerState:
     """The live input to the decision (laredo's `triggerState`, plus `changes_pending`).
 
-    `diff_bytes` is the encoded size of the diff that would be written now, in the diff's primary
-    format (the first configured: laredo measures the diff it serializes);
+    `diff_bytes` is the encoded size of the diff that would be written now (laredo: "the serialized
+    diff") in the primary diff format, the first configured one;
     `last_snapshot_bytes` the last snapshot's size in its primary format;
     `churn_records` counts changes since the last snapshot, including the pending ones;
     `changes_pending` counts the changes not yet in any artifact (laredo's non-empty buffer).

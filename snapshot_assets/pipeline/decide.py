@@ -52,7 +52,8 @@ def parse_time(text: str) -> _dt.datetime | None:
         return None
 
 
-def trigger_state(m: Manifest, pending: BufferStats, now: _dt.datetime) -> TriggerState:
+def trigger_state(m: Manifest, pending: BufferStats, now: _dt.datetime,
+                  snapshot_format: str | None = None) -> TriggerState:
     """laredo's trigger inputs, computed from the manifest and the buffer instead of memory."""
     snap = m.latest_snapshot()
     assert snap is not None
@@ -65,23 +66,29 @@ def trigger_state(m: Manifest, pending: BufferStats, now: _dt.datetime) -> Trigg
         diff_bytes=pending.bytes,  # a stand-in: next_artifact measures the diff when it matters
         churn_records=committed_churn + pending.changes,
         dataset_size=snap.row_count,
-        last_snapshot_bytes=primary_size(snap),
+        last_snapshot_bytes=primary_size(snap, snapshot_format),
         changes_pending=pending.changes,
     )
 
 
-def primary_size(snap: Artifact) -> int:
-    """The snapshot's size in its primary format: the first it lists (formats are written and
-    listed in the configured order, and laredo measures the first)."""
-    return next((ref.size_bytes for ref in snap.formats.values()), 0)
+def primary_size(snap: Artifact, snapshot_format: str | None) -> int:
+    """The snapshot's size in its primary format (the table's first snapshot format); a caller that
+    does not name it, or a snapshot written without it, gets the smallest of its formats."""
+    ref = snap.formats.get(snapshot_format) if snapshot_format else None
+    if ref is not None:
+        return ref.size_bytes
+    sizes = [r.size_bytes for r in snap.formats.values() if r.size_bytes]
+    return min(sizes) if sizes else 0
 
 
 def next_artifact(m: Manifest, pending: BufferStats, policy: Policy, now: _dt.datetime, *,
-                  force: bool = False, diff_size: DiffSize | None = None) -> NextArtifact:
+                  force: bool = False, diff_size: DiffSize | None = None,
+                  snapshot_format: str | None = None) -> NextArtifact:
     """The decision for one table; `pending` must be the buffer's stats since the manifest head.
 
     `diff_size` measures the diff that would be written; it is called at most once, and only when
-    its answer can change the decision (module doc).
+    its answer can change the decision (module doc). `snapshot_format` is the table's primary
+    snapshot format, whose size `max_diff_fraction` compares with.
     """
     durable = pending.durable_position
     if durable is None:
@@ -94,7 +101,7 @@ def next_artifact(m: Manifest, pending: BufferStats, policy: Policy, now: _dt.da
         return NextArtifact("snapshot", trigger, None, durable)
     if force:
         return NextArtifact("snapshot", "forced", None, durable)
-    state = trigger_state(m, pending, now)
+    state = trigger_state(m, pending, now, snapshot_format)
     if durable == head:
         state = dataclasses.replace(state, diff_bytes=0, changes_pending=0)
     elif diff_size is not None and diff_size_matters(policy, state):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from resources.buffer import BufferStats
-from snapshot_assets.archive.manifest import Artifact, FormatRef, Manifest
+from snapshot_assets.archive.manifest import Artifact, FormatRef, Manifest, loads
 from snapshot_assets.archive.policy import Policy
 from snapshot_assets.pipeline.decide import next_artifact
 
@@ -113,11 +113,15 @@ def test_the_diff_is_measured_only_when_its_size_can_change_the_decision() -> No
 
 
 def test_the_last_snapshot_size_is_that_of_its_primary_format() -> None:
-    refs = {"protobuf": FormatRef("p", 4000), "jsonl": FormatRef("j", 1000)}  # listed in the configured order
+    refs = {"jsonl": FormatRef("j", 1000), "protobuf": FormatRef("p", 4000)}
     created = (NOW - dt.timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
     m = Manifest(table="public.t").with_artifact(
         Artifact("snapshot", 1, None, "0/10", created, refs, row_count=100), now=created)
-    n = next_artifact(m, stats("0/20", changes=3), SIZE_POLICY, NOW, diff_size=Measure(1999))
+    m = loads(m.dumps())  # as read back from a destination (formats in name order)
+    pending = stats("0/20", changes=3)
+    n = next_artifact(m, pending, SIZE_POLICY, NOW, diff_size=Measure(1999), snapshot_format="protobuf")
     assert n.kind == "diff"  # 1999 < 0.5 x 4000 (protobuf), though it is more than 0.5 x 1000 (jsonl)
-    n = next_artifact(m, stats("0/20", changes=3), SIZE_POLICY, NOW, diff_size=Measure(2000))
+    n = next_artifact(m, pending, SIZE_POLICY, NOW, diff_size=Measure(2000), snapshot_format="protobuf")
+    assert (n.kind, n.trigger) == ("snapshot", "max_diff_fraction")
+    n = next_artifact(m, pending, SIZE_POLICY, NOW, diff_size=Measure(500))  # unnamed: the smallest format
     assert (n.kind, n.trigger) == ("snapshot", "max_diff_fraction")
