@@ -28,9 +28,10 @@ Diff size. `max_diff_bytes` / `max_diff_fraction` judge the encoded size of the 
 written (policy rule), which only Spark can tell (pipeline/diff_size.py). The decision asks for it
 only when it can change the outcome, so a tick opens a Spark session (the configured runtime: the
 local Connect server by default, or `spark.remote`) only then, once for all tables, and stops it
-at the end of the tick. Measuring shares one budget per tick (`MEASURE_BUDGET_S`, well inside
-Dagster's sensor timeout), because a Spark Connect endpoint that does not answer makes the client
-retry for minutes. A sensor that cannot measure (no Spark reachable from the daemon's host, the
+at the end of the tick. A Spark Connect endpoint that does not answer would make the client retry
+for about ten minutes: the session gives up after a few seconds instead (`MEASURE_RETRIES`), and
+measuring shares one budget per tick (`MEASURE_BUDGET_S`, well inside Dagster's sensor timeout)
+against a job that does not end. A sensor that cannot measure (no Spark reachable from the daemon's host, the
 budget spent, a failing job) logs why and judges the buffer's bytes since the head instead: the
 table keeps being archived, and its re-bases still come from the other triggers.
 """
@@ -135,6 +136,21 @@ def attempt(instance: dg.DagsterInstance, pipe: TablePipeline, nxt: NextArtifact
 
 MEASURE_BUDGET_S = 40.0
 """Seconds a tick may spend measuring pending diffs (Dagster's default sensor timeout is 60 s)."""
+MEASURE_RETRIES = 4
+"""Retries of a Spark Connect call while measuring (about 3 s in all), instead of the client's ~10 minutes."""
+
+
+def bound_retries(spark: Any) -> None:
+    """Make a Spark Connect session give up on an endpoint that does not answer within seconds.
+
+    Why: the client's default policy retries for about ten minutes, and its threads keep the
+    process alive that long (a daemon's sensor tick, a test run). A classic session has no client.
+    """
+    client = getattr(spark, "client", None)
+    if client is not None:
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        client.set_retry_policies([DefaultPolicy(max_retries=MEASURE_RETRIES, max_backoff=2000)])
 
 
 class MeasuringSpark:
@@ -150,9 +166,13 @@ class MeasuringSpark:
 
     def _session(self) -> Any:
         if self._runtime is None:
-            from snapshot_assets.spark.session import open_spark
+            from snapshot_assets.spark.session import open_spark, ship_project_code
 
-            self._runtime = open_spark(self.spark_config, app_name="snapshotter-rebase-trigger")
+            remote = bool(self.spark_config.remote)
+            self._runtime = open_spark(self.spark_config, app_name="snapshotter-rebase-trigger", ship_code=not remote)
+            bound_retries(self._runtime.spark)
+            if remote:  # shipped after bounding: shipping is the first call to the endpoint
+                ship_project_code(self._runtime.spark, connect=True)
         return self._runtime.spark
 
     def measure(self, pipe: TablePipeline, from_position: str, to_position: str) -> int:
