@@ -23,12 +23,26 @@ After N failures in a row the next request waits `retry.backoff * 2**(N-1)` (at 
 `retry.max_backoff`, both per table) from the end of the last failed run; until then the skip
 reason says which retry is due when, and a retry's run carries `snapshotter/attempt` and
 `snapshotter/retry_of` (the failed run) and logs "retry N of boundary B after failure of run X".
+
+Diff size. `max_diff_bytes` / `max_diff_fraction` judge the encoded size of the diff that would be
+written (policy rule), which only Spark can tell (pipeline/diff_size.py). The decision asks for it
+only when it can change the outcome, so a tick opens a Spark session (the configured runtime: the
+local Connect server by default, or `spark.remote`) only then, once for all tables, and stops it
+at the end of the tick. A Spark Connect endpoint that does not answer would make the client retry
+for about ten minutes: the session gives up after a few seconds instead (`MEASURE_RETRIES`), and
+measuring shares one budget per tick (`MEASURE_BUDGET_S`, well inside Dagster's sensor timeout)
+against a job that does not end. A sensor that cannot measure (no Spark reachable from the daemon's host, the
+budget spent, a failing job) logs why and judges the buffer's bytes since the head instead: the
+table keeps being archived, and its re-bases still come from the other triggers.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +52,9 @@ from resources.buffer import BufferStats
 from resources.buffer.errors import ChangeBufferError
 from resources.destinations.base import DestinationError
 from snapshot_assets.archive.errors import ArchiveError
+from snapshot_assets.config import SparkConfig
 from snapshot_assets.jobs import diff_job, snapshot_job
-from snapshot_assets.pipeline.decide import NextArtifact, next_artifact
+from snapshot_assets.pipeline.decide import DiffSize, NextArtifact, next_artifact
 from snapshot_assets.pipeline.table import TablePipeline
 from snapshot_assets.run_history import UNSUCCESSFUL, FailureStreak, failure_streak, in_progress
 from snapshot_assets.tables import (
@@ -119,12 +134,95 @@ def attempt(instance: dg.DagsterInstance, pipe: TablePipeline, nxt: NextArtifact
     return Attempt(boundary, number, previous, streak, streak.retry_due(pipe.cfg.retry))
 
 
+MEASURE_BUDGET_S = 40.0
+"""Seconds a tick may spend measuring pending diffs (Dagster's default sensor timeout is 60 s)."""
+MEASURE_RETRIES = 4
+"""Retries of a Spark Connect call while measuring (about 3 s in all), instead of the client's ~10 minutes."""
+
+
+def bound_retries(spark: Any) -> None:
+    """Make a Spark Connect session give up on an endpoint that does not answer within seconds.
+
+    Why: the client's default policy retries for about ten minutes, and its threads keep the
+    process alive that long (a daemon's sensor tick, a test run). A classic session has no client.
+    """
+    client = getattr(spark, "client", None)
+    if client is not None:
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        client.set_retry_policies([DefaultPolicy(max_retries=MEASURE_RETRIES, max_backoff=2000)])
+
+
+class MeasuringSpark:
+    """The Spark session a tick measures pending diffs with: opened at the first measurement, within
+    the tick's budget; once the budget is spent or a measurement hangs, the tick stops asking."""
+
+    def __init__(self, spark_config: SparkConfig, budget_s: float = MEASURE_BUDGET_S) -> None:
+        self.spark_config = spark_config
+        self.budget_s = budget_s
+        self.deadline = time.monotonic() + budget_s
+        self.unavailable = ""
+        self._runtime: Any = None
+
+    def _session(self) -> Any:
+        if self._runtime is None:
+            from snapshot_assets.spark.session import open_spark, ship_project_code
+
+            remote = bool(self.spark_config.remote)
+            self._runtime = open_spark(self.spark_config, app_name="snapshotter-rebase-trigger", ship_code=not remote)
+            bound_retries(self._runtime.spark)
+            if remote:  # shipped after bounding: shipping is the first call to the endpoint
+                ship_project_code(self._runtime.spark, connect=True)
+        return self._runtime.spark
+
+    def measure(self, pipe: TablePipeline, from_position: str, to_position: str) -> int:
+        """The pending diff's bytes in the primary format; raises when it cannot be measured in time."""
+        from snapshot_assets.pipeline.diff_size import SparkDiffSize
+
+        if self.unavailable:
+            raise TimeoutError(self.unavailable)
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                outcome["size"] = SparkDiffSize(self._session(), pipe)(from_position, to_position)
+            except Exception as e:  # handed to the tick below
+                outcome["error"] = e
+
+        worker = threading.Thread(target=work, name=f"measure-{pipe.name}", daemon=True)
+        worker.start()
+        worker.join(max(0.0, self.deadline - time.monotonic()))
+        if worker.is_alive():  # left to the client's own retries; this tick measures nothing more
+            self.unavailable = f"no measurement within the tick's budget of {self.budget_s:.0f}s"
+            raise TimeoutError(self.unavailable)
+        if "error" in outcome:
+            raise outcome["error"]
+        return int(outcome["size"])
+
+    def close(self) -> None:
+        if self._runtime is not None and not self.unavailable:
+            self._runtime.stop()
+        self._runtime = None
+
+
+def diff_size(pipe: TablePipeline, spark: MeasuringSpark, stand_in: int, log: logging.Logger) -> DiffSize:
+    """The table's pending diff measured by Spark, or `stand_in` (the buffer's bytes) when it cannot be."""
+    def measure(from_position: str, to_position: str) -> int:
+        try:
+            return spark.measure(pipe, from_position, to_position)
+        except Exception as e:  # any failure of the runtime or the job: decide on the stand-in, say why
+            log.warning(f"{pipe.name}: cannot measure the pending diff with Spark ({type(e).__name__}: {e}); "
+                        f"the size triggers judge the buffer's {stand_in} bytes since the head instead")
+            return stand_in
+    return measure
+
+
 def shortest_interval() -> int:
     return max(1, int(min(t.diff_interval.total_seconds() for t in config().tables)))
 
 
 def consider(context: dg.SensorEvaluationContext, pipe: TablePipeline, last: dict[str, float],
-             now: _dt.datetime, events: list[dg.AssetObservation]) -> dg.RunRequest | str:
+             now: _dt.datetime, events: list[dg.AssetObservation], spark: MeasuringSpark) -> dg.RunRequest | str:
     """The run to request for one table now, or why there is none."""
     try:
         m = pipe.manifest()
@@ -138,7 +236,8 @@ def consider(context: dg.SensorEvaluationContext, pipe: TablePipeline, last: dic
     wait = last.get(pipe.name, 0.0) + pipe.cfg.diff_interval.total_seconds() - now.timestamp()
     if wait > 0:
         return f"next look in {wait:.0f}s (diff.interval)"
-    nxt = next_artifact(m, stats, pipe.cfg.policy, now)
+    nxt = next_artifact(m, stats, pipe.cfg.policy, now, diff_size=diff_size(pipe, spark, stats.bytes, context.log),
+                        snapshot_format=pipe.cfg.snapshot_formats[0])
     if nxt.kind == "none":
         return "nothing to do"
     tried = attempt(context.instance, pipe, nxt)
@@ -164,11 +263,15 @@ def rebase_trigger(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     requests: list[dg.RunRequest] = []
     events: list[dg.AssetObservation] = []
     skipped: list[str] = []
-    for pipe in pipelines():
-        outcome = consider(context, pipe, last, now, events)
-        if isinstance(outcome, dg.RunRequest):
-            requests.append(outcome)
-        else:
-            skipped.append(f"{pipe.name}: {outcome}")
+    spark = MeasuringSpark(config().spark)
+    try:
+        for pipe in pipelines():
+            outcome = consider(context, pipe, last, now, events, spark)
+            if isinstance(outcome, dg.RunRequest):
+                requests.append(outcome)
+            else:
+                skipped.append(f"{pipe.name}: {outcome}")
+    finally:
+        spark.close()
     return dg.SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(last),
                            skip_reason=None if requests else "; ".join(skipped))

@@ -229,7 +229,7 @@ def _buffer(pipe: TablePipeline, m: Manifest | None, status: TableStatus, now: _
         status.last_snapshot_at = snap.created_at
         created = parse_time(snap.created_at)
         status.snapshot_age_s = round((now - created).total_seconds(), 3) if created else None
-    nxt = next_artifact(m, stats, pipe.cfg.policy, now)
+    nxt = next_artifact(m, stats, pipe.cfg.policy, now, snapshot_format=pipe.cfg.snapshot_formats[0])
     status.decision = "none" if nxt.kind == "none" else f"{nxt.kind} ({nxt.trigger}) to {nxt.to_position}"
 
 

@@ -41,7 +41,9 @@ class Policy:
 class TriggerState:
     """The live input to the decision (laredo's `triggerState`, plus `changes_pending`).
 
-    `diff_bytes` is the size of the diff that would be written now (primary format);
+    `diff_bytes` is the encoded size of the diff that would be written now (laredo: "the serialized
+    diff") in the primary diff format, the first configured one;
+    `last_snapshot_bytes` the last snapshot's size in its primary format;
     `churn_records` counts changes since the last snapshot, including the pending ones;
     `changes_pending` counts the changes not yet in any artifact (laredo's non-empty buffer).
     """
@@ -96,6 +98,21 @@ def should_snapshot(policy: Policy, state: TriggerState) -> tuple[bool, str]:
         if fired:
             return True, name
     return False, ""
+
+
+def diff_size_matters(policy: Policy, state: TriggerState) -> bool:
+    """Whether the diff's size can change the decision, i.e. whether it is worth measuring.
+
+    Measuring the diff that would be written is a Spark job over the pending changes, so the
+    decision asks for it only when a size trigger is on and nothing cheaper already decided: with
+    changes pending, outside the min-interval floor, and with max_interval (tried first) not firing.
+    A fraction needs a last snapshot size to compare with.
+    """
+    if state.changes_pending <= 0 or _inside_floor(policy, state.since_snapshot):
+        return False
+    if _past_ceiling(policy, state.since_snapshot):
+        return False
+    return policy.max_diff_bytes > 0 or (policy.max_diff_fraction > 0 and state.last_snapshot_bytes > 0)
 
 
 DecisionKind = Literal["snapshot", "diff", "none"]

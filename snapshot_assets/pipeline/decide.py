@@ -1,19 +1,27 @@
-"""What the next artifact of a table is: the re-base trigger sensor's decision, from cheap reads only.
+"""What the next artifact of a table is: the re-base trigger sensor's decision.
 
 Inputs are the manifest (what is committed) and the buffer index statistics since the head (what
 is pending) — both read in milliseconds — and the policy. The boundary of a diff is the buffer's
 durable position, which always falls on a source transaction end (the buffer seals only there).
+
+The size triggers (`max_diff_bytes`, `max_diff_fraction`) judge the encoded size of the diff that
+would be written, in the diff's primary format. That is not in any index: a caller that can run
+Spark passes `diff_size` (pipeline/diff_size.py), which is asked only when the size can change
+the decision (`policy.diff_size_matters`). A caller without Spark (`snapshotter status`) gets the
+buffer's bytes since the head as a stand-in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from resources.buffer import BufferStats
 from resources.subscribers.events import SCHEMA_CHANGE
-from snapshot_assets.archive.manifest import Manifest
-from snapshot_assets.archive.policy import Policy, TriggerState, decide
+from snapshot_assets.archive.manifest import Artifact, Manifest
+from snapshot_assets.archive.policy import Policy, TriggerState, decide, diff_size_matters
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,9 @@ class NextArtifact:
         return f"{self.kind}:{self.from_position or '-'}:{self.to_position}"
 
 
+DiffSize = Callable[[str, str], int]
+"""(from, to) -> the encoded bytes of the diff (from, to] in the table's primary diff format."""
+
 NOTHING = NextArtifact("none", "", None, None)
 SNAPSHOT_ONLY_TRIGGERS = frozenset({"initial", "resync", "schema_change"})
 """Triggers after which no diff can be written: the archive's state does not continue into the buffer."""
@@ -41,7 +52,8 @@ def parse_time(text: str) -> _dt.datetime | None:
         return None
 
 
-def trigger_state(m: Manifest, pending: BufferStats, now: _dt.datetime) -> TriggerState:
+def trigger_state(m: Manifest, pending: BufferStats, now: _dt.datetime,
+                  snapshot_format: str | None = None) -> TriggerState:
     """laredo's trigger inputs, computed from the manifest and the buffer instead of memory."""
     snap = m.latest_snapshot()
     assert snap is not None
@@ -49,20 +61,35 @@ def trigger_state(m: Manifest, pending: BufferStats, now: _dt.datetime) -> Trigg
     since = now - created if created else _dt.timedelta.max
     after = m.artifacts[m.artifacts.index(snap) + 1:]
     committed_churn = sum(a.change_count for a in after)
-    sizes = [ref.size_bytes for ref in snap.formats.values() if ref.size_bytes]
     return TriggerState(
         since_snapshot=since,
-        diff_bytes=pending.bytes,
+        diff_bytes=pending.bytes,  # a stand-in: next_artifact measures the diff when it matters
         churn_records=committed_churn + pending.changes,
         dataset_size=snap.row_count,
-        last_snapshot_bytes=min(sizes) if sizes else 0,
+        last_snapshot_bytes=primary_size(snap, snapshot_format),
         changes_pending=pending.changes,
     )
 
 
+def primary_size(snap: Artifact, snapshot_format: str | None) -> int:
+    """The snapshot's size in its primary format (the table's first snapshot format); a caller that
+    does not name it, or a snapshot written without it, gets the smallest of its formats."""
+    ref = snap.formats.get(snapshot_format) if snapshot_format else None
+    if ref is not None:
+        return ref.size_bytes
+    sizes = [r.size_bytes for r in snap.formats.values() if r.size_bytes]
+    return min(sizes) if sizes else 0
+
+
 def next_artifact(m: Manifest, pending: BufferStats, policy: Policy, now: _dt.datetime, *,
-                  force: bool = False) -> NextArtifact:
-    """The decision for one table; `pending` must be the buffer's stats since the manifest head."""
+                  force: bool = False, diff_size: DiffSize | None = None,
+                  snapshot_format: str | None = None) -> NextArtifact:
+    """The decision for one table; `pending` must be the buffer's stats since the manifest head.
+
+    `diff_size` measures the diff that would be written; it is called at most once, and only when
+    its answer can change the decision (module doc). `snapshot_format` is the table's primary
+    snapshot format, whose size `max_diff_fraction` compares with.
+    """
     durable = pending.durable_position
     if durable is None:
         return NOTHING
@@ -74,10 +101,11 @@ def next_artifact(m: Manifest, pending: BufferStats, policy: Policy, now: _dt.da
         return NextArtifact("snapshot", trigger, None, durable)
     if force:
         return NextArtifact("snapshot", "forced", None, durable)
-    state = trigger_state(m, pending, now)
+    state = trigger_state(m, pending, now, snapshot_format)
     if durable == head:
-        state = TriggerState(state.since_snapshot, 0, state.churn_records, state.dataset_size,
-                             state.last_snapshot_bytes, 0)
+        state = dataclasses.replace(state, diff_bytes=0, changes_pending=0)
+    elif diff_size is not None and diff_size_matters(policy, state):
+        state = dataclasses.replace(state, diff_bytes=diff_size(m.head_position, durable))
     decision = decide(policy, state)
     if decision.kind == "snapshot":
         return NextArtifact("snapshot", decision.trigger, None, durable)

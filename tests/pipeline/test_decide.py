@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from resources.buffer import BufferStats
-from snapshot_assets.archive.manifest import Artifact, FormatRef, Manifest
+from snapshot_assets.archive.manifest import Artifact, FormatRef, Manifest, loads
 from snapshot_assets.archive.policy import Policy
 from snapshot_assets.pipeline.decide import next_artifact
 
@@ -67,3 +67,61 @@ def test_resync_and_force() -> None:
     assert next_artifact(m, stats("0/20", changes=1, resync=True), POLICY, NOW).trigger == "resync"
     forced = next_artifact(m, stats("0/10"), POLICY, NOW, force=True)
     assert (forced.kind, forced.trigger, forced.to_position) == ("snapshot", "forced", "0/10")
+
+
+SIZE_POLICY = Policy(diff_interval=dt.timedelta(seconds=30), min_interval=dt.timedelta(minutes=5),
+                     max_interval=dt.timedelta(hours=6), max_diff_fraction=0.5)
+
+
+class Measure:
+    """A DiffSize that answers `size` and records what it was asked."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.asked: list[tuple[str, str]] = []
+
+    def __call__(self, from_position: str, to_position: str) -> int:
+        self.asked.append((from_position, to_position))
+        return self.size
+
+
+def test_size_triggers_judge_the_measured_diff_not_the_buffer_bytes() -> None:
+    m = manifest(dt.timedelta(minutes=10))  # last snapshot: 1000 bytes (its primary format)
+    big = Measure(500)  # 0.5 x 1000: fires, although the buffer holds only 10 bytes
+    n = next_artifact(m, stats("0/20", changes=3, nbytes=10), SIZE_POLICY, NOW, diff_size=big)
+    assert (n.kind, n.trigger) == ("snapshot", "max_diff_fraction")
+    assert big.asked == [("0/10", "0/20")]
+    small = Measure(499)  # does not fire, although the buffer holds 10,000 bytes
+    n = next_artifact(m, stats("0/20", changes=3, nbytes=10_000), SIZE_POLICY, NOW, diff_size=small)
+    assert (n.kind, n.trigger) == ("diff", "diff_interval")
+    absolute = Policy(max_diff_bytes=4096)
+    n = next_artifact(m, stats("0/20", changes=3), absolute, NOW, diff_size=Measure(4096))
+    assert (n.kind, n.trigger) == ("snapshot", "max_diff_bytes")
+
+
+def test_the_diff_is_measured_only_when_its_size_can_change_the_decision() -> None:
+    never = Measure(10**9)
+    cases = [
+        (manifest(dt.timedelta(minutes=1)), stats("0/20", changes=3), SIZE_POLICY),  # inside the floor
+        (manifest(dt.timedelta(hours=7)), stats("0/20", changes=3), SIZE_POLICY),  # max_interval fires first
+        (manifest(dt.timedelta(minutes=10)), stats("0/10"), SIZE_POLICY),  # nothing pending
+        (manifest(dt.timedelta(minutes=10)), stats("0/20", changes=3), POLICY),  # no size trigger configured
+    ]
+    for m, pending, policy in cases:
+        next_artifact(m, pending, policy, NOW, diff_size=never)
+    assert never.asked == []
+
+
+def test_the_last_snapshot_size_is_that_of_its_primary_format() -> None:
+    refs = {"jsonl": FormatRef("j", 1000), "protobuf": FormatRef("p", 4000)}
+    created = (NOW - dt.timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    m = Manifest(table="public.t").with_artifact(
+        Artifact("snapshot", 1, None, "0/10", created, refs, row_count=100), now=created)
+    m = loads(m.dumps())  # as read back from a destination (formats in name order)
+    pending = stats("0/20", changes=3)
+    n = next_artifact(m, pending, SIZE_POLICY, NOW, diff_size=Measure(1999), snapshot_format="protobuf")
+    assert n.kind == "diff"  # 1999 < 0.5 x 4000 (protobuf), though it is more than 0.5 x 1000 (jsonl)
+    n = next_artifact(m, pending, SIZE_POLICY, NOW, diff_size=Measure(2000), snapshot_format="protobuf")
+    assert (n.kind, n.trigger) == ("snapshot", "max_diff_fraction")
+    n = next_artifact(m, pending, SIZE_POLICY, NOW, diff_size=Measure(500))  # unnamed: the smallest format
+    assert (n.kind, n.trigger) == ("snapshot", "max_diff_fraction")

@@ -1,0 +1,71 @@
+"""The pending diff of a table, measured by Spark in its primary format without being written.
+
+This is the `diff_size` the decision (pipeline/decide.py) asks for when a size trigger can change
+it. The window is the one the diff build would collapse: the buffer's changes in (head, to],
+folded to one net change per key against the table at the head (the STATE dataset plus the
+committed deltas, caught up from the buffer where they stop), so DEFAULT-identity changes are
+measured with the before-images and unchanged values the diff will carry. Then
+`spark.diff_size.encoded_diff_bytes` sums the encoded lengths where the rows are.
+
+The primary format is the first of `formats.diff` (laredo measures the diff it serializes,
+which is its first format). The measurement's scratch space (`_measure/<table>` beside the
+buffer) is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from typing import Any
+
+from snapshot_assets.pipeline.table import TablePipeline
+
+log = logging.getLogger(__name__)
+
+
+def primary_diff_format(pipe: TablePipeline) -> str:
+    return pipe.cfg.diff_formats[0]
+
+
+class SparkDiffSize:
+    """A `DiffSize` for one table: (head, to) -> the bytes its diff would have in the primary format."""
+
+    def __init__(self, spark: Any, pipe: TablePipeline) -> None:
+        self.spark = spark
+        self.pipe = pipe
+        self.scratch = pipe.buffer_root / "_measure" / pipe.name
+
+    def __call__(self, from_position: str, to_position: str) -> int:
+        from snapshot_assets.spark.bases import FrameBase, choose_base
+        from snapshot_assets.spark.diff_size import encoded_diff_bytes
+        from snapshot_assets.spark.effects import default_partitions
+        from snapshot_assets.spark.window import advance, net_window
+
+        pipe, spark = self.pipe, self.spark
+        started = time.monotonic()
+        m = pipe.manifest()
+        if from_position != m.head_position:
+            raise ValueError(f"{pipe.name}: cannot measure a diff from {from_position}: the head is {m.head_position}")
+        reader = pipe.buffer()
+        key_fields = pipe.key_fields
+        width = default_partitions(spark)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        try:
+            # the base the diff build starts from (TablePipeline._build), so the images match it
+            state = pipe._state_at_head(m)
+            artifact = pipe._artifact_base(m.latest_snapshot(), download=state is None)
+            base, catch_up = choose_base(reader, from_position, state=state, artifact=artifact, cmp=pipe.cmp)
+            if catch_up:
+                table, _ = advance(spark, base, catch_up, key_fields, partitions=width,
+                                   scratch=self.scratch / "_catch_up")
+                base = FrameBase(table, from_position, base.describe())
+            window = net_window(spark, reader.segments(from_position, to_position), base, key_fields,
+                                partitions=width, scratch=self.scratch / "_work")
+            fmt = primary_diff_format(pipe)
+            size = encoded_diff_bytes(window.net, window.truncated, fmt, key_fields)
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        log.info("%s: the diff (%s, %s] would be %d bytes of %s (measured in %.2fs)", pipe.name, from_position,
+                 to_position, size, fmt, time.monotonic() - started)
+        return size
