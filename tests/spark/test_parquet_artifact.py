@@ -19,10 +19,11 @@ from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Action, Change, Row
 from snapshot_assets.archive.formats.parquet import ParquetFormat
 from snapshot_assets.archive.keys import diff_key, laredo_row_key, snapshot_key, typed_key
-from snapshot_assets.archive.manifest import Artifact, FormatRef, Manifest
+from snapshot_assets.archive.manifest import Artifact, FormatRef
+from snapshot_assets.archive.positions import compare_lsn
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.row_schema import ColumnType, RowSchema
-from snapshot_assets.archive.writer import ManifestStore
+from snapshot_assets.pipeline.commit import commit_artifact
 from snapshot_assets.spark.effects import decode_row, key_json
 from snapshot_assets.spark.parquet_artifact import (
     SchemaMisfit,
@@ -298,17 +299,13 @@ def test_archive_reader_rebuilds_the_table_from_spark_written_artifacts(spark: A
                           dest.root / snapshot_key(prefix, 1, "0/10", ".parquet"), order_by="key")
     diff = write_diff(_net(spark, changes), schema, dest.root / diff_key(prefix, 1, "0/10", "0/20", ".parquet"),
                       KEY_FIELDS, truncated=False)
-    manifest = Manifest(table="public.t", columns=MANIFEST_COLUMNS)
     for art in (Artifact("snapshot", 1, None, "0/10", "2026-01-01T00:00:00Z",
                          {"parquet": FormatRef(dest.uri(snapshot_key(prefix, 1, "0/10", ".parquet")), snap.bytes)},
                          row_count=snap.rows),
                 Artifact("diff", 1, "0/10", "0/20", "2026-01-01T00:00:00Z",
                          {"parquet": FormatRef(dest.uri(diff_key(prefix, 1, "0/10", "0/20", ".parquet")), diff.bytes)},
                          change_count=diff.rows)):
-        manifest = manifest.with_artifact(art)
-    store = ManifestStore([dest], prefix, "public.t")
-    store.load()
-    store.commit(manifest)
+        commit_artifact([dest], prefix, "public.t", art, cmp=compare_lsn, columns=MANIFEST_COLUMNS)
 
     expected = {key_json(typed_key(r, KEY_FIELDS)): decode_row(_text(r)) for r in rows}
     for action, old, new in changes:
