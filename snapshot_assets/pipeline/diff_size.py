@@ -37,33 +37,22 @@ class SparkDiffSize:
         self.scratch = pipe.buffer_root / "_measure" / pipe.name
 
     def __call__(self, from_position: str, to_position: str) -> int:
-        from snapshot_assets.spark.bases import FrameBase, choose_base
         from snapshot_assets.spark.diff_size import encoded_diff_bytes
         from snapshot_assets.spark.effects import default_partitions
-        from snapshot_assets.spark.window import advance, net_window
+        from snapshot_assets.spark.window import net_window
 
         pipe, spark = self.pipe, self.spark
         started = time.monotonic()
         m = pipe.manifest()
         if from_position != m.head_position:
             raise ValueError(f"{pipe.name}: cannot measure a diff from {from_position}: the head is {m.head_position}")
-        reader = pipe.buffer()
-        key_fields = pipe.key_fields
-        width = default_partitions(spark)
         shutil.rmtree(self.scratch, ignore_errors=True)
         try:
-            # the base the diff build starts from (TablePipeline._build), so the images match it
-            state = pipe._state_at_head(m)
-            artifact = pipe._artifact_base(m.latest_snapshot(), download=state is None)
-            base, catch_up = choose_base(reader, from_position, state=state, artifact=artifact, cmp=pipe.cmp)
-            if catch_up:
-                table, _ = advance(spark, base, catch_up, key_fields, partitions=width,
-                                   scratch=self.scratch / "_catch_up")
-                base = FrameBase(table, from_position, base.describe())
-            window = net_window(spark, reader.segments(from_position, to_position), base, key_fields,
-                                partitions=width, scratch=self.scratch / "_work")
+            base = pipe.diff_base(spark, m, self.scratch / "_catch_up")  # the diff build's own base
+            window = net_window(spark, pipe.buffer().segments(from_position, to_position), base, pipe.key_fields,
+                                partitions=default_partitions(spark), scratch=self.scratch / "_work")
             fmt = primary_diff_format(pipe)
-            size = encoded_diff_bytes(window.net, window.truncated, fmt, key_fields)
+            size = encoded_diff_bytes(window.net, window.truncated, fmt, pipe.key_fields)
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
         log.info("%s: the diff (%s, %s] would be %d bytes of %s (measured in %.2fs)", pipe.name, from_position,

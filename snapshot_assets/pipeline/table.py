@@ -123,10 +123,14 @@ class TablePipeline:
     def manifest(self) -> Manifest:
         return current_manifest(read_copies(self.destinations, self.cfg.key_prefix), self.name)
 
-    def decide(self, now: _dt.datetime | None = None, *, force: bool = False) -> NextArtifact:
+    def decide(self, now: _dt.datetime | None = None, *, force: bool = False,
+               diff_size: Any = None) -> NextArtifact:
+        """The next artifact by the table's policy; `diff_size` measures the pending diff for the size
+        triggers (the sensor's Spark measurement), else they judge the buffer's bytes since the head."""
         m = self.manifest()
         pending = self.buffer().stats(m.head_position or None)
-        return next_artifact(m, pending, self.cfg.policy, now or _dt.datetime.now(_dt.UTC), force=force)
+        return next_artifact(m, pending, self.cfg.policy, now or _dt.datetime.now(_dt.UTC), force=force,
+                             diff_size=diff_size, snapshot_format=self.cfg.snapshot_formats[0])
 
     # ---- building (Spark) ----------------------------------------------------------------------
 
@@ -149,11 +153,9 @@ class TablePipeline:
 
     def _build(self, spark: Any, nxt: NextArtifact) -> BuildResult:
         from snapshot_assets.spark.assemble import assemble
-        from snapshot_assets.spark.bases import FrameBase, choose_base
+        from snapshot_assets.spark.bases import choose_base
         from snapshot_assets.spark.diff import build_diff
-        from snapshot_assets.spark.effects import default_partitions
         from snapshot_assets.spark.snapshot import build_snapshot
-        from snapshot_assets.spark.window import advance
 
         if nxt.kind not in ("snapshot", "diff") or nxt.to_position is None:
             raise ValueError(f"nothing to build for {self.name} ({nxt.kind})")
@@ -168,11 +170,7 @@ class TablePipeline:
             if nxt.from_position != m.head_position or previous is None:
                 raise ValueError(f"{self.name}: the diff starts at {nxt.from_position}, the head is {m.head_position}")
             epoch = m.epoch
-            base, catch_up = choose_base(reader, m.head_position, state=state, artifact=artifact, cmp=self.cmp)
-            if catch_up:
-                table, _ = advance(spark, base, catch_up, key_fields,
-                                   partitions=default_partitions(spark), scratch=self.staging / "_catch_up")
-                base = FrameBase(table, m.head_position, base.describe())
+            base = self.diff_base(spark, m, self.staging / "_catch_up", state=state, artifact=artifact)
             built = build_diff(spark, reader.segments(m.head_position, nxt.to_position), base, nxt.to_position,
                                key_fields, self.cfg.diff_formats, self.staging,
                                self._delta_dir(epoch, m.head_position, nxt.to_position),
@@ -192,6 +190,25 @@ class TablePipeline:
                        created_at=utc_now(), formats=refs, row_count=built.count if snap else 0,
                        change_count=0 if snap else built.count)
         return BuildResult(art, built.seconds, dict(built.details))
+
+    def diff_base(self, spark: Any, m: Manifest, scratch: Path, *, state: Any = None, artifact: Any = None) -> Any:
+        """The table at the head, the base a diff from the head completes its images against: the
+        state (STATE dataset + committed deltas), or the previous snapshot artifact, caught up
+        through the buffer where the state stops. The diff build and its size measurement share it."""
+        from snapshot_assets.spark.bases import FrameBase, choose_base
+        from snapshot_assets.spark.effects import default_partitions
+        from snapshot_assets.spark.window import advance
+
+        if state is None:
+            state = self._state_at_head(m)
+        if artifact is None:
+            artifact = self._artifact_base(m.latest_snapshot(), download=state is None)
+        base, catch_up = choose_base(self.buffer(), m.head_position, state=state, artifact=artifact, cmp=self.cmp)
+        if catch_up:
+            table, _ = advance(spark, base, catch_up, self.key_fields, partitions=default_partitions(spark),
+                               scratch=scratch)
+            base = FrameBase(table, m.head_position, base.describe())
+        return base
 
     def _delta_dir(self, epoch: int, from_position: str, to_position: str) -> Path:
         """Where the state's step for the diff (from, to] of `epoch` lives (one path per diff)."""
