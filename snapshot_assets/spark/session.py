@@ -77,6 +77,8 @@ class SparkRuntime:
     def stop(self) -> None:
         """End this client's session (a local Connect server keeps running for the next run)."""
         self.spark.stop()
+        if self.is_connect:
+            os.environ.pop(CONNECT_MODE, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,9 @@ class SparkPlan:
 SessionMaker = Callable[[Mapping[str, str]], Any]
 """Opens a session from builder settings: dagster-pyspark's `spark_session_from_config` in runs, or
 `session_from_settings` in processes that may hold both kinds of session (tests, benchmarks)."""
+
+
+CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 
 
 def _is_static(key: str) -> bool:
@@ -144,6 +149,10 @@ def session_from_settings(settings: Mapping[str, str]) -> Any:
         from pyspark.sql.connect.session import SparkSession as ConnectSession
 
         spark = ConnectSession.builder.remote(settings["spark.remote"]).create()
+        # pyspark.sql.functions build Connect columns only in "connect mode" (what pyspark's generic
+        # builder switches on); the jobs build columns with them, so switch it on while the session
+        # is open (SparkRuntime.stop switches it off for a process that also holds a classic one).
+        os.environ[CONNECT_MODE] = "1"
         _apply_runtime_conf(spark, rest)
         return spark
     return classic_session(settings["spark.master"], rest, rest.get("spark.app.name", "snapshotter"))
