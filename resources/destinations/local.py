@@ -138,6 +138,20 @@ def _os_errors(op: str, uri: str) -> Iterator[None]:
         raise DestinationError(f"local {op} {uri} failed: {exc}") from exc
 
 
+@contextlib.contextmanager
+def _removed_on_error(tmp: Path, uri: str) -> Iterator[None]:
+    """A temp file being written: removed when writing it fails; filesystem failures reported as
+    DestinationError naming the object."""
+    try:
+        yield
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise DestinationError(f"local put {uri} failed: {exc}") from exc
+        raise
+
+
 def _as_stream(stream: BinaryIO | bytes) -> BinaryIO:
     return io.BytesIO(stream) if isinstance(stream, bytes | bytearray | memoryview) else stream
 
@@ -235,20 +249,13 @@ class LocalDestination:
         path, uri = self._path(key), self.uri(key)
         with _os_errors("put", uri):
             fd, tmp = self._open_temp(path.parent)
-        try:
-            with open(fd, "r+b", closefd=True) as out:
-                fill(out.fileno())
-                os.fchmod(out.fileno(), FILE_MODE)
-                os.fsync(out.fileno())
-                out.seek(0)
-                digest = hashlib.file_digest(out, "sha256")
-                size = os.fstat(out.fileno()).st_size
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if isinstance(exc, OSError):
-                raise DestinationError(f"local put {uri} failed: {exc}") from exc
-            raise
+        with _removed_on_error(tmp, uri), open(fd, "r+b", closefd=True) as out:
+            fill(out.fileno())
+            os.fchmod(out.fileno(), FILE_MODE)
+            os.fsync(out.fileno())
+            out.seek(0)
+            digest = hashlib.file_digest(out, "sha256")
+            size = os.fstat(out.fileno()).st_size
         staged = _Staged(tmp=tmp, size=size, revision=digest.hexdigest())
         with self._cleanup_on_error(staged), _os_errors("put", uri), _key_lock(path):
             self._commit(staged, path)
@@ -287,22 +294,15 @@ class LocalDestination:
         """Copy `stream` into an fsynced 0644 temp file next to `path`, hashing as it goes."""
         with _os_errors("put", uri):
             fd, tmp = self._open_temp(path.parent)
-        try:
-            digest, size = hashlib.sha256(), 0
-            with open(fd, "wb", closefd=True) as out:
-                while chunk := stream.read(CHUNK_SIZE):
-                    digest.update(chunk)
-                    size += len(chunk)
-                    out.write(chunk)
-                out.flush()
-                os.fchmod(out.fileno(), FILE_MODE)
-                os.fsync(out.fileno())
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if isinstance(exc, OSError):
-                raise DestinationError(f"local put {uri} failed: {exc}") from exc
-            raise
+        digest, size = hashlib.sha256(), 0
+        with _removed_on_error(tmp, uri), open(fd, "wb", closefd=True) as out:
+            while chunk := stream.read(CHUNK_SIZE):
+                digest.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fchmod(out.fileno(), FILE_MODE)
+            os.fsync(out.fileno())
         return _Staged(tmp=tmp, size=size, revision=digest.hexdigest())
 
     @staticmethod
