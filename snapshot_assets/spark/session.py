@@ -123,6 +123,7 @@ def classic_session(master: str, conf: Mapping[str, str], app_name: str = "snaps
     """A classic (in-process JVM) session on `master` with `conf`."""
     from pyspark.sql import SparkSession
 
+    os.environ.pop(CONNECT_MODE, None)  # a classic session builds classic columns
     builder = SparkSession.builder.master(master).appName(app_name)
     if master.startswith("local"):
         _local_python()
@@ -150,9 +151,13 @@ def session_from_settings(settings: Mapping[str, str]) -> Any:
 
         spark = ConnectSession.builder.remote(settings["spark.remote"]).create()
         # pyspark.sql.functions build Connect columns only in "connect mode" (what pyspark's generic
-        # builder switches on); the jobs build columns with them, so switch it on while the session
-        # is open (SparkRuntime.stop switches it off for a process that also holds a classic one).
-        os.environ[CONNECT_MODE] = "1"
+        # builder switches on); the jobs build columns with them, so a process that holds only this
+        # session switches it on (SparkRuntime.stop switches it off). A process that also holds a
+        # classic session (tests, benchmarks) must choose per use; the mode is left alone there.
+        from pyspark import SparkContext
+
+        if SparkContext._active_spark_context is None:
+            os.environ[CONNECT_MODE] = "1"
         _apply_runtime_conf(spark, rest)
         return spark
     return classic_session(settings["spark.master"], rest, rest.get("spark.app.name", "snapshotter"))

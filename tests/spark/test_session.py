@@ -27,7 +27,7 @@ from snapshot_assets.spark.connect_server import (
 )
 from snapshot_assets.spark.diff import build_diff
 from snapshot_assets.spark.effects import decode_row
-from snapshot_assets.spark.session import open_spark
+from snapshot_assets.spark.session import CONNECT_MODE, open_spark
 from snapshot_assets.spark.snapshot import build_snapshot
 from tests.spark.conftest import ALL_FORMATS, by_key, generate, read_parts
 
@@ -54,8 +54,10 @@ def test_fallback_to_a_classic_session_when_the_server_cannot_start(
 
 
 @pytest.mark.slow
-def test_local_connect_server_end_to_end(tmp_path: Path) -> None:
+def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Start the server, run a real diff over Spark Connect, reuse the warm server, stop it."""
+    # this process also holds the suite's classic session: the jobs' columns must be Connect ones here
+    monkeypatch.setenv(CONNECT_MODE, "1")
     state = tmp_path / "spark-connect"
     config = SparkConfig(conf={"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2"})
     try:
