@@ -137,7 +137,7 @@ def bucket_expr(bounds: Sequence[bytes]) -> str:
 
 
 def bucket_of(bounds: Sequence[bytes], sk: bytes) -> int:
-    """The same rule in Python (tests and the driver's checks)."""
+    """The same rule in Python, for the tests that check which buckets a build touched."""
     return bisect.bisect_right(list(bounds), sk)
 
 
