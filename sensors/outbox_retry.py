@@ -15,7 +15,7 @@ def outbox_retry(context: dg.SensorEvaluationContext) -> dg.SkipReason:
             continue
         report = pipe.outbox.deliver(pipe.sinks)
         delivered, failed = delivered + report.delivered, failed + report.failed
-        roots[pipe.outbox.root] = pipe.outbox
+        roots[pipe.outbox.identity] = pipe.outbox
         for error in report.errors:
             context.log.warning(f"{pipe.name}: {error}")
     pending = sum(outbox.depth() for outbox in roots.values())  # tables may share an outbox: count each once

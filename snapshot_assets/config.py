@@ -20,12 +20,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from pyhocon import ConfigFactory, ConfigTree
 from pyhocon.exceptions import ConfigException
 from pyparsing import ParseBaseException
 
+from resources.buffer.lease import DEFAULT_LEASE_S
 from resources.subscribers.tls import ClientTls, TlsError
+from resources.work_storage import is_s3_uri
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import default_key_prefix
 from snapshot_assets.archive.policy import Policy
@@ -79,9 +82,18 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class BufferConfig:
+    """`buffer { }`: the working root (the buffer, the state, the outbox, counters) and sealing.
+
+    `path` is a local directory or `s3://bucket/prefix` (hosts that share no disk); `s3` holds the
+    connection keys of an S3 root (a destination's: region, endpoint_url, credentials, ...); `lease`
+    is how long an S3 buffer's writer lease lasts unrenewed (a successor takes over after it).
+    """
+
     path: str = ".snapshotter/buffer"
     seal_interval: _dt.timedelta = _dt.timedelta(seconds=1)
     seal_changes: int = 10_000
+    s3: Mapping[str, Any] = field(default_factory=dict)
+    lease: _dt.timedelta = _dt.timedelta(seconds=DEFAULT_LEASE_S)
 
 
 @dataclass(frozen=True)
@@ -274,6 +286,8 @@ DESTINATION_KEYS = {"local": {"type", "path"},
                     "s3": {"type", "bucket", "prefix", "region", "endpoint_url", "path_style", "credentials",
                            "connect_timeout", "read_timeout", "max_attempts", "multipart_threshold"}}
 DESTINATION_REQUIRED = {"local": ("path",), "s3": ("bucket",)}
+# The keys of `buffer { s3 { } }`: an s3 destination's, minus what the root's URI says (bucket, prefix).
+S3_CONNECTION_KEYS = DESTINATION_KEYS["s3"] - {"type", "bucket", "prefix"}
 EVENT_KEYS = {"sns": ("topic_arn",), "sqs": ("queue_url",), "kinesis": ("stream",), "file": ("path",)}
 EVENT_COMMON = {"type", "region", "endpoint_url", "credentials"}
 TABLE_KEYS = ("source", "key_prefix", "key_fields", "diff", "snapshot", "retention", "destinations",
@@ -349,6 +363,11 @@ def _destination(s: _Section, credentials: Mapping[str, CredentialProfile]) -> d
             raise ConfigError(s.file, s.at(key), f"is required for a {kind} destination")
     if kind == "local":
         spec["path"] = os.path.abspath(str(spec["path"]))
+    return _typed_s3_keys(s, spec, credentials)
+
+
+def _typed_s3_keys(s: _Section, spec: dict[str, Any], credentials: Mapping[str, CredentialProfile]) -> dict[str, Any]:
+    """`spec` with its S3 connection keys parsed (booleans, durations, counts, sizes) and its profile checked."""
     if "path_style" in spec:
         spec["path_style"] = s.get("path_style", parse_bool, False)
     for key, parse in (("connect_timeout", parse_duration), ("read_timeout", parse_duration),
@@ -390,14 +409,38 @@ def _formats(s: _Section, key: str) -> tuple[str, ...]:
     return values
 
 
-def _buffer(s: _Section, default: BufferConfig) -> BufferConfig:
+def _buffer(s: _Section, default: BufferConfig, credentials: Mapping[str, CredentialProfile]) -> BufferConfig:
+    path = s.string("path", default.path)
+    if not is_s3_uri(path):
+        path = os.path.abspath(path)  # Spark's executors may not share our cwd
+    elif not urlsplit(path).netloc:
+        raise ConfigError(s.file, s.at("path"), f"{path!r} names no bucket (s3://bucket/prefix)")
+    s3 = dict(default.s3)
+    if s.has("s3"):
+        if not is_s3_uri(path):
+            raise ConfigError(s.file, s.at("s3"), "connection settings for a local path (path is not s3://...)")
+        s3 = _s3_connection(s.sub("s3"), credentials)
     b = BufferConfig(
-        path=os.path.abspath(s.string("path", default.path)),  # Spark's executors may not share our cwd
+        path=path,
         seal_interval=s.get("seal_interval", parse_duration, default.seal_interval),
         seal_changes=s.get("seal_changes", parse_count, default.seal_changes),
+        s3=s3,
+        lease=s.get("lease", parse_duration, default.lease),
     )
     s.done()
+    if b.lease < _dt.timedelta(seconds=3):
+        raise ConfigError(s.file, s.at("lease"), "must be at least 3s (it is renewed every third of it)")
     return b
+
+
+def _s3_connection(s: _Section, credentials: Mapping[str, CredentialProfile]) -> dict[str, Any]:
+    """An S3 working root's connection keys, checked and typed as a destination's."""
+    spec = s.plain()
+    unknown = sorted(set(spec) - S3_CONNECTION_KEYS)
+    if unknown:
+        raise ConfigError(s.file, s.at(unknown[0]), f"unknown key {unknown[0]!r} for an s3 connection "
+                          f"(known: {', '.join(sorted(S3_CONNECTION_KEYS))})")
+    return _typed_s3_keys(s, spec, credentials)
 
 
 def _key_fields(s: _Section) -> tuple[str, ...]:
@@ -449,7 +492,7 @@ def _table(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: Bu
         snapshot_formats=snapshot_formats,
         diff_formats=diff_formats,
         events=tuple(_event(e, credentials) for e in s.items("events")),
-        buffer=_buffer(s.sub("buffer"), buffer) if s.has("buffer") else buffer,
+        buffer=_buffer(s.sub("buffer"), buffer, credentials) if s.has("buffer") else buffer,
         credentials=credentials,
         retry=_retry(s.sub("retry")),
         bucket_bytes=_bucket_bytes(s.sub("state")),
@@ -547,8 +590,7 @@ def _from_tree(tree: ConfigTree, file: str, env: Mapping[str, str] | None) -> Sn
     spark = SparkConfig(remote=spark_s.string("remote"), master=spark_s.string("master"),
                         conf={k: str(v) for k, v in spark_s.sub("conf").plain().items()})
     spark_s.done()
-    buffer = _buffer(root.sub("buffer"), BufferConfig()) if root.has("buffer") else _buffer(_Section({}, "", file),
-                                                                                                BufferConfig())
+    buffer = _buffer(root.sub("buffer") if root.has("buffer") else _Section({}, "", file), BufferConfig(), credentials)
     if root.has("tables"):
         stray = [k for k in TABLE_KEYS if k != "buffer" and root.has(k)]
         if stray:

@@ -2,8 +2,9 @@
 
 Every Dagster run is its own process and every sensor tick may be another one, so an in-memory
 Prometheus counter would reset with each of them. Instead each table has a small JSON file,
-`<buffer.path>/_metrics/<table>.json`, `{metric: {label: value}}`, updated read-modify-write under
-an exclusive `flock` and replaced atomically (a reader never sees half a file); the exporter
+`<buffer.path>/_metrics/<table>.json` (the working root: a local directory or an S3 prefix),
+`{metric: {label: value}}`, updated read-modify-write with a conditional write (compare-and-swap,
+retried on a conflict) so processes on other hosts add up correctly; the exporter
 (`snapshotter serve-metrics`) and the manifest's materialization metadata read it.
 
 Destination and sink failures are counted where they happen, by thin wrappers around the
@@ -13,8 +14,6 @@ sensor's cheap read, the outbox retry) is counted against the destination or sin
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -22,8 +21,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from resources.destinations.base import CASConflict, Destination, DestinationError, GetResult, ObjectInfo, PutResult
+from resources.destinations.local import LocalDestination
 from resources.destinations.multipart import MultipartUpload
-from resources.durable_files import write_json_atomic
 from resources.sinks.base import EventSink, SinkError
 
 ARTIFACTS_WRITTEN = "artifacts_written_total"  # label: kind (snapshot | diff)
@@ -31,46 +30,46 @@ CAS_RETRIES = "manifest_cas_retries_total"  # no label
 DESTINATION_ERRORS = "destination_errors_total"  # label: the destination (its root URI)
 EVENT_ERRORS = "event_errors_total"  # label: the sink's name
 Values = dict[str, dict[str, float]]
+_CAS_ATTEMPTS = 20
 T = TypeVar("T")
 
 
 class CounterStore:
-    """The persistent counters of one table."""
+    """The persistent counters of one table: one small JSON object, `<table>.json`, in `store`."""
 
-    def __init__(self, root: str | os.PathLike[str], table: str) -> None:
-        folder = Path(root) / "_metrics"
-        self.path = folder / f"{table}.json"
-        self._lock_path = folder / f".{table}.lock"
+    def __init__(self, store: Destination | str | os.PathLike[str], table: str) -> None:
+        self.store: Destination = (LocalDestination(Path(store) / "_metrics")
+                                   if isinstance(store, (str, os.PathLike)) else store)
+        self.key = f"{table}.json"
 
     def read(self) -> Values:
-        try:
-            data = json.loads(self.path.read_text())
-        except (FileNotFoundError, ValueError):
-            return {}
-        return {str(m): {str(k): float(v) for k, v in labels.items()} for m, labels in data.items()}
+        return self._read()[0]
 
     def add(self, metric: str, label: str = "", amount: float = 1) -> None:
-        """Increase `metric{label}` by `amount` (no-op for 0), durably, safe against other processes."""
+        """Increase `metric{label}` by `amount` (no-op for 0), durably, safe against other processes and hosts."""
         if not amount:
             return
-        with self._locked():
-            values = self.read()
+        for _ in range(_CAS_ATTEMPTS):
+            values, revision = self._read()
             labels = values.setdefault(metric, {})
             labels[label] = labels.get(label, 0.0) + amount
-            self._write(values)
+            try:
+                self.store.put_if(self.key, json.dumps(values, sort_keys=True).encode(), revision)
+                return
+            except CASConflict:
+                continue  # another process counted meanwhile: read again and add on top
+        raise CASConflict(f"counter {self.store.uri(self.key)}: {_CAS_ATTEMPTS} concurrent updates in a row")
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    def _read(self) -> tuple[Values, str | None]:
+        got = self.store.get(self.key)
+        if got is None:
+            return {}, None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
-    def _write(self, values: Values) -> None:
-        write_json_atomic(self.path, values)
+            data = json.loads(got.data)
+            return ({str(m): {str(k): float(v) for k, v in labels.items()} for m, labels in data.items()},
+                    got.revision)
+        except (ValueError, AttributeError):
+            return {}, got.revision  # unreadable: start over rather than stop counting
 
 
 def destination_label(dest: Destination) -> str:

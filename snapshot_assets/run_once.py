@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from resources.buffer import BufferReader
+from resources.buffer_resource import buffer_storage
 from snapshot_assets.archive.positions import comparator, format_lsn
 from snapshot_assets.config import SnapshotterConfig, TableConfig
 from snapshot_assets.services import ingest_table
@@ -101,7 +102,7 @@ def ingest_until_caught_up(table: TableConfig, *, idle_s: float = 2.0, timeout_s
 
     thread = threading.Thread(target=work, name=f"ingest-{table.name}")
     thread.start()
-    reader = BufferReader(table.buffer.path, table.name)
+    reader = BufferReader(table.buffer.path, table.name, storage=buffer_storage(table))
     last, last_change, deadline = None, time.monotonic(), time.monotonic() + timeout_s
     try:
         while thread.is_alive():

@@ -2,7 +2,8 @@
 
 `ingest` runs one subscriber → buffer loop per configured table (a thread each) until SIGTERM or
 SIGINT, then seals what is complete and exits; a crash at any instant loses nothing (the buffer
-resumes from its durable position). The Dagster side runs the same loop as a long-running run
+resumes from its durable position). A second ingest of the same table (another host, say) stands by
+until the writer's lock or lease is free, then takes over. The Dagster side runs the same loop as a long-running run
 kept alive by the ingest supervisor sensor.
 """
 
@@ -15,12 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
+from resources.buffer import ChangeBuffer, WriterLockHeld
 from resources.buffer_resource import ChangeBufferResource
 from resources.ingest import IngestResult, run_ingest
 from resources.subscriber_resource import SubscriberResource
 from snapshot_assets.config import SnapshotterConfig, TableConfig
 
 log = logging.getLogger(__name__)
+WRITER_POLL_S = 2.0  # how often a standing-by ingest asks for the buffer's writer role
 
 
 @dataclass
@@ -39,10 +42,35 @@ def ingest_table(table: TableConfig, stop: threading.Event, *, subscribers: Subs
     """
     subscriber = (subscribers or SubscriberResource()).open(table)
     try:
-        with (buffers or ChangeBufferResource()).open_writer(table, subscriber.ordering) as buffer:
+        buffer = _writer_when_free(table, lambda: (buffers or ChangeBufferResource()).open_writer(
+            table, subscriber.ordering), stop)
+        if buffer is None:
+            return IngestResult(durable_position=None)
+        with buffer:
             return run_ingest(subscriber, buffer, stop=stop)
     finally:
         subscriber.close()
+
+
+def _writer_when_free(table: TableConfig, open_writer: Callable[[], ChangeBuffer],
+                      stop: threading.Event) -> ChangeBuffer | None:
+    """The buffer's writer, waiting while another process (maybe on another host) holds it.
+
+    One writer per table: a second ingest stands by and takes over when the first stops, or when
+    its lease runs out after it died (S3 buffers; a local buffer's lock goes with the process).
+    None when stopped while waiting. The subscriber has not connected yet, so standing by holds
+    no replication slot.
+    """
+    announced = ""
+    while not stop.is_set():
+        try:
+            return open_writer()
+        except WriterLockHeld as held:
+            if str(held) != announced:
+                log.info("%s: standing by: %s", table.name, held)
+                announced = str(held)
+        stop.wait(min(WRITER_POLL_S, table.buffer.lease.total_seconds() / 3))
+    return None
 
 
 def run_ingest_service(config: SnapshotterConfig, tables: Sequence[str] = (), *, stop: threading.Event | None = None,

@@ -6,11 +6,12 @@ destination shows up as that destination's error instead of hiding the others; t
 (PostgreSQL: the server's current WAL position) and the lag behind it; churn and age of the last
 snapshot; what the re-base trigger would decide now; the outbox; the persisted counters; and
 health. A table is READY once its first snapshot is committed and its ingest is alive: a process
-holds the buffer's writer lock (the table's Dagster ingest run or `snapshotter ingest`, seen in
-/proc/locks without touching the lock), or the table's own Dagster ingest run is in progress (runs
-tagged `snapshotter/ingest_table`; another table's run says nothing about this one). With a Dagster
-instance, a table whose ingest or artifact runs keep failing says so: how many in a row, the last
-run's error, and when the sensors try again (snapshot_assets/run_history.py).
+holds the buffer's writer lock (the table's Dagster ingest run or `snapshotter ingest`: a local
+buffer's flock or an S3 buffer's lease, read without taking it), or the table's own Dagster
+ingest run is in progress (runs tagged `snapshotter/ingest_table`; another table's run says
+nothing about this one). With a Dagster instance, a table whose ingest or artifact runs keep
+failing says so: how many in a row, the last run's error, and when the sensors try again
+(snapshot_assets/run_history.py).
 
 The same collection feeds the Prometheus exporter (metrics.py) and the manifest's metadata.
 Nothing here writes anything, and no failure of one table or destination stops the others.
@@ -25,7 +26,6 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -43,8 +43,6 @@ from snapshot_assets.pipeline.table import TablePipeline
 from snapshot_assets.redaction import redact
 from snapshot_assets.run_history import INGEST_JOB, failure_message, failure_streak, in_progress, last_ended
 from snapshot_assets.tables import INGEST_TABLE_TAG, TABLE_TAG
-
-WRITER_LOCK = ".writer.lock"  # resources/buffer/storage.py
 
 
 @dataclass
@@ -136,40 +134,14 @@ def lag_bytes(source: str | None, durable: str | None) -> int | None:
 
 def outbox_depth(pipe: TablePipeline) -> int:
     """Undelivered events of this table (the outbox is shared by the tables of a buffer root)."""
-    if not pipe.outbox.root.exists():
-        return 0
-    depth = 0
-    for path in pipe.outbox.root.glob("*/*.json"):
-        with contextlib.suppress(OSError, ValueError):  # delivered (removed) while we looked
-            depth += json.loads(path.read_text())["event"].get("table") == pipe.name
-    return depth
-
-
-def writer_lock_holder(buffer_dir: Path) -> int | None:
-    """The pid holding the buffer's writer flock, read from /proc/locks (Linux) without taking it.
-
-    Matched by inode (device numbers in /proc/locks differ from stat's on overlay filesystems).
-    None when nobody holds it, or on systems without /proc/locks.
-    """
-    try:
-        inode = (buffer_dir / WRITER_LOCK).stat().st_ino
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 6 or fields[1] != "FLOCK":  # "->" lines are waiters
-            continue
-        if fields[5].rsplit(":", 1)[-1] == str(inode):
-            return int(fields[4])
-    return None
+    return sum(record["event"].get("table") == pipe.name for _, record in pipe.outbox.records())
 
 
 def _ingest(pipe: TablePipeline, instance: dg.DagsterInstance | None, status: TableStatus) -> tuple[bool, str]:
     """Whether the table's ingest is alive, and why (or why not, with the last failure's error)."""
-    pid = writer_lock_holder(Path(pipe.cfg.buffer.path) / pipe.name)
-    if pid is not None:
-        return True, f"pid {pid} holds the buffer writer lock"
+    holder = pipe.buffer().writer_holder()
+    if holder is not None:
+        return True, f"{holder} holds the buffer writer lock"
     if instance is None:
         return False, "no process holds the buffer writer lock"
     tags = {INGEST_TABLE_TAG: pipe.name}
@@ -208,7 +180,7 @@ def _artifact_failures(pipe: TablePipeline, instance: dg.DagsterInstance | None,
 
 
 def _buffer(pipe: TablePipeline, m: Manifest | None, status: TableStatus, now: _dt.datetime) -> None:
-    if not (pipe.buffer_root / pipe.name).is_dir():  # (opening a reader would create it)
+    if not pipe.buffer_exists():
         status.errors.append("the change buffer does not exist yet (nothing ingested)")
         return
     try:

@@ -94,6 +94,10 @@ class BufferView(ABC):
     @abstractmethod
     def _state(self) -> IndexState: ...
 
+    def writer_holder(self) -> str | None:
+        """Who writes this buffer now (a pid, a lease owner), or None: liveness without a local lock."""
+        return self._storage.writer_alive()
+
     def durable_position(self) -> str | None:
         """The position through which every change is durable (None: nothing yet, initial load next)."""
         return self._state().durable_position

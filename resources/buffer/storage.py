@@ -1,9 +1,7 @@
 """Where a table's buffer lives: the few filesystem operations the buffer needs, behind one interface.
 
-Only a local directory is implemented. An S3 prefix (for Spark on a cluster) can be added later by
-implementing `BufferStorage` (a temp object = a multipart upload, `publish` = completing it with
-If-None-Match, which is atomic and no-clobber; the writer lock = a conditional-put lease). It is
-deliberately not implemented now.
+Two implementations: a local directory (here; the writer lock is a kernel `flock`) and an object
+storage prefix for hosts that share no disk (object_storage.py; the writer lock is a lease object).
 
 Crash safety rests on three properties every implementation must give:
 - `publish` makes the object's bytes durable *before* its name becomes visible, the name appears
@@ -78,6 +76,10 @@ class BufferStorage(Protocol):
 
     def unlock_writer(self) -> None: ...
 
+    def writer_alive(self) -> str | None:
+        """Who holds the writer lock now (a pid, a lease owner), read without taking it; None if nobody."""
+        ...
+
 
 def _make_durable(temp: BinaryIO) -> int:
     """Flush and fsync an open temp file, close it; returns its size."""
@@ -98,8 +100,7 @@ class LocalStorage:
     """
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(os.path.abspath(root))
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = Path(os.path.abspath(root))  # created by the first write: a reader creates nothing
         self._lock_fd: int | None = None
 
     def __repr__(self) -> str:
@@ -177,6 +178,7 @@ class LocalStorage:
     def lock_writer(self) -> None:
         if self._lock_fd is not None:
             return
+        self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self._path(_LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -189,6 +191,31 @@ class LocalStorage:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def writer_alive(self) -> str | None:
+        pid = flock_holder(self._path(_LOCK_NAME))
+        return None if pid is None else f"pid {pid}"
+
+
+def flock_holder(path: Path) -> int | None:
+    """The pid holding an flock on `path`, read from /proc/locks (Linux) without taking it.
+
+    Matched by inode (device numbers in /proc/locks differ from stat's on overlay filesystems).
+    None when nobody holds it, or on systems without /proc/locks. A local directory is one host's,
+    so the kernel's view is the whole truth.
+    """
+    try:
+        inode = path.stat().st_ino
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":  # "->" lines are waiters
+            continue
+        if fields[5].rsplit(":", 1)[-1] == str(inode):
+            return int(fields[4])
+    return None
 
 
 def local_table_storage(root: str | Path, table: str) -> LocalStorage:

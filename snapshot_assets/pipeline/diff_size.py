@@ -34,7 +34,7 @@ class SparkDiffSize:
     def __init__(self, spark: Any, pipe: TablePipeline) -> None:
         self.spark = spark
         self.pipe = pipe
-        self.scratch = pipe.buffer_root / "_measure" / pipe.name
+        self.scratch = pipe.work.local_scratch(f"_measure/{pipe.name}")
 
     def __call__(self, from_position: str, to_position: str) -> int:
         from snapshot_assets.spark.diff_size import encoded_diff_bytes

@@ -1,6 +1,6 @@
 """The durable event outbox: notifications survive crashes and outages, and never block a commit.
 
-After a manifest commit, one file per (sink, event) is written atomically under the outbox root;
+After a manifest commit, one object per (sink, event) is written atomically under the outbox root;
 delivery is then attempted, and a file is removed only once its sink accepted the event. A failed
 delivery keeps the file with its attempt count and the next retry time (exponential backoff), and
 the retry sensor calls `deliver` again. Events carry a stable id (table + kind + to_position), so
@@ -9,15 +9,16 @@ a redelivery after a crash between "sent" and "file removed" is a duplicate cons
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from resources.durable_files import write_json_atomic
+from resources.destinations.base import CASConflict, Destination
+from resources.destinations.local import LocalDestination
 from resources.sinks.base import EventSink, SinkError
 from snapshot_assets.archive.manifest import Artifact
 
@@ -57,26 +58,44 @@ def _safe(name: str) -> str:
 
 
 class Outbox:
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+    """The outbox objects, `<sink>/<event id>.json`, in a destination every host of the pipeline reaches.
 
-    def _dir(self, sink: EventSink) -> Path:
-        return self.root / _safe(sink.name)
+    The working root's `_outbox` part (local directory or S3 prefix, resources/work_storage.py); a
+    plain path means a local directory. Writes are whole-object (atomic on both kinds); enqueueing
+    is a conditional create, so a rerun of the same commit keeps the event's place and retries.
+    """
+
+    def __init__(self, store: Destination | str | os.PathLike[str]) -> None:
+        self.store: Destination = LocalDestination(os.fspath(store)) if isinstance(store, (str, os.PathLike)) else store
+
+    @property
+    def identity(self) -> str:
+        """Names the outbox (the tables of one working root share it)."""
+        return repr(self.store)
 
     def enqueue(self, event: Mapping[str, Any], sinks: Sequence[EventSink]) -> None:
         """Make the event durable for every sink before any delivery is tried."""
         for sink in sinks:
-            folder = self._dir(sink)
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"{_safe(str(event['id']))}.json"
-            if path.exists():  # enqueued already (a rerun of the same commit): keep its place and retries
-                continue
             record = {"event": dict(event), "enqueued_ns": time.time_ns(), "attempts": 0, "next_attempt": 0.0,
                       "last_error": ""}
-            write_json_atomic(path, record)
+            with contextlib.suppress(CASConflict):  # enqueued already: keep its place and retries
+                self.store.put_if(_key(sink, str(event["id"])), _encode(record), None)
+
+    def records(self, sink: EventSink | None = None) -> list[tuple[str, dict[str, Any]]]:
+        """(key, record) of every queued event (of one sink), oldest first; skips those delivered meanwhile."""
+        found: list[tuple[str, dict[str, Any]]] = []
+        for info in self.store.list(f"{_safe(sink.name)}/" if sink is not None else ""):
+            if not info.key.endswith(".json"):
+                continue
+            got = self.store.get(info.key)
+            if got is None:
+                continue  # delivered (removed) while we looked
+            with contextlib.suppress(ValueError, KeyError):
+                found.append((info.key, json.loads(got.data)))
+        return sorted(found, key=lambda kr: int(kr[1].get("enqueued_ns", 0)))
 
     def depth(self) -> int:
-        return sum(1 for _ in self.root.glob("*/*.json")) if self.root.exists() else 0
+        return sum(1 for info in self.store.list("") if info.key.endswith(".json"))
 
     def deliver(self, sinks: Sequence[EventSink], *, now: float | None = None) -> DeliveryReport:
         """Try every due event of every sink, oldest first; failures are kept for a later retry."""
@@ -84,12 +103,7 @@ class Outbox:
         delivered = failed = 0
         errors: list[str] = []
         for sink in sinks:
-            folder = self._dir(sink)
-            if not folder.exists():
-                continue
-            records = sorted(((json.loads(p.read_text()), p) for p in folder.glob("*.json")),
-                             key=lambda rp: int(rp[0]["enqueued_ns"]))
-            for record, path in records:
+            for key, record in self.records(sink):
                 if record["next_attempt"] > clock:
                     break  # the oldest event is backing off; later ones wait behind it (order per sink)
                 try:
@@ -100,9 +114,16 @@ class Outbox:
                     record["attempts"] += 1
                     record["last_error"] = str(e)
                     record["next_attempt"] = clock + min(MAX_BACKOFF_S, 2.0 ** record["attempts"])
-                    write_json_atomic(path, record)
+                    self.store.put(key, _encode(record))
                     break  # keep this sink's events in order: retry the oldest first next time
-                path.unlink()
+                self.store.delete(key)
                 delivered += 1
         return DeliveryReport(delivered, failed, self.depth(), tuple(errors))
 
+
+def _key(sink: EventSink, event_id: str) -> str:
+    return f"{_safe(sink.name)}/{_safe(event_id)}.json"
+
+
+def _encode(record: Mapping[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True).encode()

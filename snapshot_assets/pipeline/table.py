@@ -4,12 +4,14 @@ This is what the Dagster assets call (and `snapshotter run --once` through them)
 idempotent: object keys are deterministic, so re-running a step after a crash overwrites the same
 objects, and the manifest commit recognises an artifact it already holds.
 
-Local working state lives beside the buffer (`buffer.path`): `_state/<table>/epoch=N` (the STATE
+Working state lives under the working root beside the buffer (`buffer.path`, a local directory or
+an S3 prefix: resources/work_storage.py): `_state/<table>/epoch=N` (the STATE
 dataset of each snapshot) and `_state/<table>/deltas/epoch=N/<from>-<to>` (each diff's net changes:
 with them the state is current at every committed position, the base of the next diff and
-snapshot), `_staging/<table>` (parts of the artifact being built), `_outbox/` (undelivered events),
-`_metrics/` (counters that outlive the run's process), `_base/<table>` (a previous snapshot downloaded
-from object storage, when no local STATE dataset or local destination can serve as the next snapshot's base).
+snapshot), `_outbox/` (undelivered events), `_metrics/` (counters that outlive the run's process);
+and in the host's own scratch space: `_staging/<table>` (parts of the artifact being built) and
+`_base/<table>` (a previous snapshot downloaded from object storage, when no STATE dataset or local
+destination can serve as the next snapshot's base).
 
 S3 destinations and AWS sinks are signed as the credentials profile their spec names
 (resources/aws_credentials.py); every destination and sink is wrapped so its failures are counted.
@@ -26,6 +28,7 @@ from typing import Any
 
 from resources.aws_credentials import CredentialProfiles
 from resources.buffer import BufferReader
+from resources.buffer_resource import buffer_storage, work_root
 from resources.destinations.base import Destination
 from resources.destinations.factory import build_destination
 from resources.destinations.local import LocalDestination
@@ -82,25 +85,28 @@ class TablePipeline:
         self.cfg = table
         self.name = table.name
         self.cmp = comparator("lsn")
-        root = Path(table.buffer.path)
-        self.counters = CounterStore(root, self.name)
         self.profiles = profiles if profiles is not None else CredentialProfiles.shared(table.credentials)
+        self.work = work_root(table, self.profiles)
+        self.counters = CounterStore(self.work.part("_metrics"), self.name)
         built = list(destinations) if destinations is not None else [
             build_destination(d, profiles=self.profiles) for d in table.destinations]
         self.destinations: list[Destination] = [CountingDestination(d, self.counters) for d in built]
         made = list(sinks) if sinks is not None else [
             build_sink(e, client=self.profiles.sink_client) for e in table.events]
         self.sinks: list[EventSink] = [CountingSink(s, self.counters) for s in made]
-        self.buffer_root = root
-        self.state_root = root / "_state" / self.name
-        self.staging = root / "_staging" / self.name
-        self.outbox = Outbox(root / "_outbox")
-        self.base_cache = root / "_base" / self.name
+        self.state_root = Path(self.work.location(f"_state/{self.name}"))
+        self.staging = self.work.local_scratch(f"_staging/{self.name}")
+        self.outbox = Outbox(self.work.part("_outbox"))
+        self.base_cache = self.work.local_scratch(f"_base/{self.name}")
 
     # ---- cheap reads (sensors) -----------------------------------------------------------------
 
     def buffer(self) -> BufferReader:
-        return BufferReader(self.buffer_root, self.name)
+        return BufferReader(self.cfg.buffer.path, self.name, storage=buffer_storage(self.cfg, self.work))
+
+    def buffer_exists(self) -> bool:
+        """Whether the table's buffer was ever written (asked without creating its directory)."""
+        return next(iter(self.work.root.list(f"{self.name}/")), None) is not None
 
     @property
     def key_fields(self) -> tuple[str, ...]:

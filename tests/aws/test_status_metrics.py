@@ -67,7 +67,7 @@ def archive(moto_server: str, tmp_path_factory: pytest.TempPathFactory) -> Archi
     queue = json.dumps({"type": "sqs", "queue_url": f"{moto_server}/123456789012/absent", "endpoint_url": moto_server,
                         "region": "us-east-1"})
     committing = TablePipeline(config(tmp, [good], events=[queue]).tables[0])
-    gen, boundaries = _buffer(committing.buffer_root)
+    gen, boundaries = _buffer(Path(committing.cfg.buffer.path))
     head = boundaries[len(boundaries) // 2]
     writer = ArtifactWriter(committing.destinations, committing.cfg.key_prefix)
     committing.commit(writer.write_snapshot(1, head, gen.table_at(head).values()))
@@ -103,7 +103,7 @@ def test_ready_once_snapshotted_and_the_ingest_holds_the_buffer(archive: Archive
     s = _status(archive)
     assert not s.ready and not s.ingest_alive
     assert s.not_ready == ["ingest is not running: no process holds the buffer writer lock"]
-    with ChangeBuffer(archive.good.buffer_root, TABLE):  # what the ingest run / `snapshotter ingest` hold
+    with ChangeBuffer(archive.good.cfg.buffer.path, TABLE):  # what the ingest run / `snapshotter ingest` hold
         alive = _status(archive)
     assert alive.ready and alive.ingest_alive and alive.ingest.startswith("pid ")
 
