@@ -146,6 +146,14 @@ BASE = 'snapshotter {{ source {{ server = s, table = t }}, destinations = [ {{ t
         ("source.tls { ca = x }", "snapshotter.source.tls.ca", "unknown key 'ca'"),
         ("source.tls { cert_file = c }", "snapshotter.source.tls", "cert_file and key_file go together"),
         ("source.tls { server_name = [a] }", "snapshotter.source.tls.server_name", "expected a string"),
+        ("buffer { path = /b, s3 { region = x } }", "snapshotter.buffer.s3",
+         "connection settings for a local path"),
+        ('buffer { path = "s3://b/p", s3 { endpoint = x } }', "snapshotter.buffer.s3.endpoint",
+         "unknown key 'endpoint' for an s3 connection"),
+        ('buffer { path = "s3://b/p", s3 { credentials = nope } }', "snapshotter.buffer.s3.credentials",
+         "unknown credentials profile 'nope'"),
+        ('buffer { path = "s3:///p" }', "snapshotter.buffer.path", "names no bucket"),
+        ("buffer { lease = 1s }", "snapshotter.buffer.lease", "must be at least 3s"),
         ("source { type = generator, tls { ca_file = x } }", "snapshotter.source.tls",
          "TLS settings apply to a laredo source, not a generator source"),
     ],
@@ -156,6 +164,19 @@ def test_bad_values_name_file_key_and_value(extra: str, path: str, message: str)
     text = str(err.value)
     assert text.startswith(f"snap.conf: {path}: "), text
     assert message in text
+
+
+def test_an_s3_working_root_keeps_its_uri_and_typed_connection_keys() -> None:
+    """`buffer.path = "s3://..."`: nothing of the pipeline's state needs a disk that hosts share."""
+    extra = ('buffer { path = "s3://work-bucket/snap", lease = 20s, s3 { endpoint_url = "http://127.0.0.1:9000", '
+             "path_style = true, read_timeout = 5s, region = eu-west-1 } }")
+    table = parse_config(BASE.format(extra), env={}).tables[0]
+    assert table.buffer.path == "s3://work-bucket/snap"
+    assert dict(table.buffer.s3) == {"endpoint_url": "http://127.0.0.1:9000", "path_style": True,
+                                     "read_timeout": 5.0, "region": "eu-west-1"}
+    assert table.buffer.lease == dt.timedelta(seconds=20)
+    local = parse_config(BASE.format("buffer.path = rel/buf"), env={}).tables[0]
+    assert Path(local.buffer.path).is_absolute() and dict(local.buffer.s3) == {}
 
 
 def test_unchanged_toast_defaults_to_fill() -> None:

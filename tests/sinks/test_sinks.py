@@ -13,6 +13,7 @@ import pytest
 
 from resources.sinks.base import EventSink, SinkError
 from resources.sinks.factory import build_sink
+from resources.work_storage import WorkRoot
 from snapshot_assets.archive.manifest import Artifact, FormatRef
 from snapshot_assets.pipeline.outbox import Outbox, artifact_event
 
@@ -120,8 +121,25 @@ class Flaky:
         self.got.append(event)
 
 
-def test_outbox_keeps_undelivered_events_and_retries_in_order(tmp_path: Path) -> None:
-    outbox, sink = Outbox(tmp_path / "outbox"), Flaky(failures=2)
+@pytest.fixture(params=["local", "s3"])
+def outbox_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The outbox's place: a local directory, or an S3 prefix (a working root hosts share)."""
+    if request.param == "local":
+        return str(tmp_path / "outbox")
+    return f"s3://{request.getfixturevalue('s3_bucket')}/work"
+
+
+def _outbox(place: str, moto: str | None = None) -> Outbox:
+    if not place.startswith("s3://"):
+        return Outbox(place)
+    return Outbox(WorkRoot.open(place, {"endpoint_url": moto, "path_style": True}).part("_outbox"))
+
+
+def test_outbox_keeps_undelivered_events_and_retries_in_order(outbox_store: str,
+                                                               request: pytest.FixtureRequest) -> None:
+    moto = request.getfixturevalue("moto_server") if outbox_store.startswith("s3://") else None
+    outbox, sink = _outbox(outbox_store, moto), Flaky(failures=2)
+    outbox.enqueue(EVENT, [sink])  # a rerun of the same commit keeps one event, its place and retries
     second = {**EVENT, "id": "public.users:diff:0/30", "to_position": "0/30"}
     outbox.enqueue(EVENT, [sink])
     outbox.enqueue(second, [sink])
@@ -134,9 +152,28 @@ def test_outbox_keeps_undelivered_events_and_retries_in_order(tmp_path: Path) ->
     r = outbox.deliver([sink], now=1000)
     assert (r.delivered, r.pending) == (2, 0)
     assert [e["id"] for e in sink.got] == [EVENT["id"], second["id"]]
+    assert _outbox(outbox_store, moto).depth() == 0
 
 
 def test_outbox_survives_a_restart(tmp_path: Path) -> None:
     Outbox(tmp_path / "o").enqueue(EVENT, [Flaky(0)])
     sink = Flaky(0)
     assert Outbox(tmp_path / "o").deliver([sink]).delivered == 1 and sink.got == [EVENT]
+
+
+def test_counters_in_object_storage_add_up_across_concurrent_writers(s3_bucket: str, moto_server: str) -> None:
+    """Counters are read-modify-write with compare-and-swap: no increment of another process is lost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from snapshot_assets.counters import CounterStore
+
+    work = WorkRoot.open(f"s3://{s3_bucket}/work", {"endpoint_url": moto_server, "path_style": True})
+
+    def count(n: int) -> None:
+        store = CounterStore(work.part("_metrics"), "public.users")  # one per "process"
+        for _ in range(n):
+            store.add("artifacts_written_total", "diff")
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(count, [5, 5, 5, 5]))
+    assert CounterStore(work.part("_metrics"), "public.users").read() == {"artifacts_written_total": {"diff": 20.0}}
