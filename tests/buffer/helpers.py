@@ -80,7 +80,12 @@ def replay(rows: Iterable[dict[str, Any]], key_fields: Sequence[str] = KEY_FIELD
             state[typed_key(new, key_fields)] = new
             continue
         in_snapshot = False
-        apply(state, [Change(Action(r["action"]), "", old=_loads(r["old"]), new=_loads(r["new"]))], key_fields)
+        old, new = _loads(r["old"]), _loads(r["new"])
+        unchanged = json.loads(r["unchanged"]) if r.get("unchanged") else []
+        if unchanged and new is not None:  # unchanged TOASTed values: the previous image of the row has them
+            previous = state.get(typed_key(old if old is not None else new, key_fields), {})
+            new = {**new, **{name: previous[name] for name in unchanged}}
+        apply(state, [Change(Action(r["action"]), "", old=old, new=new)], key_fields)
     return state
 
 
