@@ -39,10 +39,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from types import FrameType
 
-from resources.buffer import ChangeBuffer
+from resources.buffer import ChangeBuffer, WriterLockHeld
+from resources.buffer.lease import DEFAULT_LEASE_S
+from resources.buffer.object_storage import table_storage
 from resources.subscribers.events import Event, ResumesWithSchema, ResyncBegin, ResyncEnd, Subscriber, TxEnd
 
 log = logging.getLogger(__name__)
+WRITER_POLL_S = 2.0  # how often a standing-by ingest asks for the buffer's writer role
 
 _CHUNK_EVENTS = 1024  # events per queue item at most; a chunk also ends at every boundary
 _QUEUE_CHUNKS = 64
@@ -219,13 +222,36 @@ def _settle(buffer: ChangeBuffer, producer: _Producer, acknowledge: Callable[[],
         buffer.rollback()
 
 
+def writer_when_free(open_writer: Callable[[], ChangeBuffer], stop: threading.Event, *,
+                     poll_s: float = WRITER_POLL_S, name: str = "") -> ChangeBuffer | None:
+    """The buffer's writer, waiting while another process (maybe on another host) holds it.
+
+    One writer per table: a second ingest stands by and takes over when the first stops, or when
+    its lease runs out after it died (S3 buffers; a local buffer's lock goes with the process).
+    None when stopped while waiting. Open the subscriber lazily (nothing connects before its
+    events are read), so standing by holds no replication slot.
+    """
+    announced = ""
+    while not stop.is_set():
+        try:
+            return open_writer()
+        except WriterLockHeld as held:
+            if str(held) != announced:
+                log.info("%s: standing by: %s", name or "ingest", held)
+                announced = str(held)
+        stop.wait(poll_s)
+    return None
+
+
 # --- command line (tests, demos) ----------------------------------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m resources.ingest",
                                 description="Run the ingest loop from the generator source into a buffer.")
-    p.add_argument("--buffer", required=True, help="buffer root directory")
+    p.add_argument("--buffer", required=True, help="buffer root: a directory or s3://bucket/prefix "
+                   "(endpoint and credentials from the AWS environment, e.g. AWS_ENDPOINT_URL_S3)")
+    p.add_argument("--lease", type=float, default=DEFAULT_LEASE_S, help="writer lease seconds (S3 roots)")
     p.add_argument("--generator-seed", type=int, required=True)
     p.add_argument("--table", default="public.users")
     p.add_argument("--rows", type=int, default=1000, help="rows in the initial load")
@@ -255,8 +281,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      rate=args.rate, mix={**DEFAULT_MIX, "truncate": args.truncate},
                                      resync_every=args.resync_every)
     started = time.monotonic()
-    with ChangeBuffer(args.buffer, args.table, ordering=subscriber.ordering, seal_interval=args.seal_interval,
-                      seal_changes=args.seal_changes) as buffer:
+    from resources.work_storage import WorkRoot
+
+    storage = table_storage(WorkRoot.open(args.buffer), args.table, lease_seconds=args.lease)
+    buffer = writer_when_free(lambda: ChangeBuffer(args.buffer, args.table, ordering=subscriber.ordering,
+                                                   seal_interval=args.seal_interval, seal_changes=args.seal_changes,
+                                                   storage=storage), stop, poll_s=min(WRITER_POLL_S, args.lease / 3))
+    if buffer is None:
+        return 1
+    with buffer:
         try:
             result = run_ingest(subscriber, buffer, stop=stop)
         finally:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
 from resources.destinations.base import Destination, GetResult, ObjectInfo, PutResult
+from resources.destinations.local import LocalDestination
 
 if TYPE_CHECKING:
     from resources.aws_credentials import CredentialProfiles
@@ -97,14 +98,13 @@ class WorkRoot:
     @classmethod
     def open(cls, path: str, s3: Mapping[str, Any] | None = None, *,
              profiles: CredentialProfiles | None = None) -> WorkRoot:
-        from resources.destinations.factory import build_destination  # boto3 and dagster: only when opened
-
         spec = root_spec(path, s3 or {})
         if spec["type"] == "local":
-            Path(path).mkdir(parents=True, exist_ok=True)
+            return cls(path, LocalDestination(path), None)
+        from resources.destinations.factory import build_destination  # boto3 and dagster: only for S3
+
         root = build_destination(spec, profiles=profiles)
-        connection = getattr(root, "connection", None) if spec["type"] == "s3" else None
-        return cls(path, root, connection)
+        return cls(path, root, getattr(root, "connection", None))
 
     @property
     def is_s3(self) -> bool:

@@ -16,14 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
-from resources.buffer import ChangeBuffer, WriterLockHeld
 from resources.buffer_resource import ChangeBufferResource
-from resources.ingest import IngestResult, run_ingest
+from resources.ingest import WRITER_POLL_S, IngestResult, run_ingest, writer_when_free
 from resources.subscriber_resource import SubscriberResource
 from snapshot_assets.config import SnapshotterConfig, TableConfig
 
 log = logging.getLogger(__name__)
-WRITER_POLL_S = 2.0  # how often a standing-by ingest asks for the buffer's writer role
 
 
 @dataclass
@@ -42,35 +40,15 @@ def ingest_table(table: TableConfig, stop: threading.Event, *, subscribers: Subs
     """
     subscriber = (subscribers or SubscriberResource()).open(table)
     try:
-        buffer = _writer_when_free(table, lambda: (buffers or ChangeBufferResource()).open_writer(
-            table, subscriber.ordering), stop)
+        buffer = writer_when_free(lambda: (buffers or ChangeBufferResource()).open_writer(table, subscriber.ordering),
+                                  stop, poll_s=min(WRITER_POLL_S, table.buffer.lease.total_seconds() / 3),
+                                  name=table.name)
         if buffer is None:
             return IngestResult(durable_position=None)
         with buffer:
             return run_ingest(subscriber, buffer, stop=stop)
     finally:
         subscriber.close()
-
-
-def _writer_when_free(table: TableConfig, open_writer: Callable[[], ChangeBuffer],
-                      stop: threading.Event) -> ChangeBuffer | None:
-    """The buffer's writer, waiting while another process (maybe on another host) holds it.
-
-    One writer per table: a second ingest stands by and takes over when the first stops, or when
-    its lease runs out after it died (S3 buffers; a local buffer's lock goes with the process).
-    None when stopped while waiting. The subscriber has not connected yet, so standing by holds
-    no replication slot.
-    """
-    announced = ""
-    while not stop.is_set():
-        try:
-            return open_writer()
-        except WriterLockHeld as held:
-            if str(held) != announced:
-                log.info("%s: standing by: %s", table.name, held)
-                announced = str(held)
-        stop.wait(min(WRITER_POLL_S, table.buffer.lease.total_seconds() / 3))
-    return None
 
 
 def run_ingest_service(config: SnapshotterConfig, tables: Sequence[str] = (), *, stop: threading.Event | None = None,

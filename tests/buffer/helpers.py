@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from resources.buffer import BufferReader, SegmentRef
+from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import (
     ChangeEvent,
     Column,
@@ -40,19 +42,24 @@ def lsn(n: int) -> str:
     return format_lsn(n)
 
 
-def read_refs(refs: Iterable[SegmentRef]) -> list[dict[str, Any]]:
-    """The rows Spark would read: each segment filtered by its seq range, in seq order."""
+def read_refs(refs: Iterable[SegmentRef], storage: BufferStorage | None = None) -> list[dict[str, Any]]:
+    """The rows Spark would read: each segment filtered by its seq range, in seq order (from `storage`
+    when given, e.g. a buffer in S3; else from the segment's local path)."""
     rows: list[dict[str, Any]] = []
     for ref in refs:
-        table = pq.read_table(ref.path, filters=[("seq", ">", ref.seq_from_exclusive),
-                                                 ("seq", "<=", ref.seq_to_inclusive)])
+        source: Any = ref.path
+        if storage is not None:
+            with storage.open_read(ref.name) as f:
+                source = io.BytesIO(f.read())
+        table = pq.read_table(source, filters=[("seq", ">", ref.seq_from_exclusive),
+                                               ("seq", "<=", ref.seq_to_inclusive)])
         rows.extend(table.to_pylist())
     return rows
 
 
-def buffer_rows(root: Path, table: str = TABLE) -> list[dict[str, Any]]:
+def buffer_rows(root: Path | str, table: str = TABLE, storage: BufferStorage | None = None) -> list[dict[str, Any]]:
     """Every row the buffer holds, in seq order (asserted)."""
-    rows = read_refs(BufferReader(root, table).all_segments())
+    rows = read_refs(BufferReader(root, table, storage=storage).all_segments(), storage)
     seqs = [r["seq"] for r in rows]
     assert seqs == sorted(seqs)
     return rows

@@ -12,7 +12,6 @@ repeated or missing (nothing lost, nothing duplicated across the takeover).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
@@ -24,14 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
 from resources.buffer import BufferReader
 from resources.buffer.object_storage import ObjectStorage
 from resources.work_storage import WorkRoot
 from snapshot_assets.archive.positions import compare_lsn
-from tests.buffer.helpers import replay
+from tests.buffer.helpers import buffer_rows, replay
 from tests.e2e.conftest import e2e_env
 from tests.pg.conftest import PgCluster
 
@@ -70,17 +68,6 @@ def start_host(name: str, config: Path, base: Path) -> tuple[subprocess.Popen[by
 def storage(bucket: str, moto: str) -> ObjectStorage:
     return ObjectStorage(WorkRoot.open(f"s3://{bucket}/work", {"endpoint_url": moto, "path_style": True})
                          .part(QUALIFIED))
-
-
-def buffer_rows(store: ObjectStorage) -> list[dict[str, Any]]:
-    """Every row of every segment, read from S3 through the storage, in seq order."""
-    rows: list[dict[str, Any]] = []
-    for ref in BufferReader("", QUALIFIED, storage=store).all_segments():
-        with store.open_read(ref.name) as f:
-            table = pq.read_table(io.BytesIO(f.read()), filters=[("seq", ">", ref.seq_from_exclusive),
-                                                                 ("seq", "<=", ref.seq_to_inclusive)])
-        rows.extend(table.to_pylist())
-    return rows
 
 
 def wait_for(what: str, check: Any, timeout: float, *logs: Path) -> None:
@@ -163,7 +150,7 @@ def test_one_ingest_wins_the_other_waits_and_takes_over_after_kill9(
                  lambda: compare_lsn(reader.durable_position() or "0/0", positions[-1]) >= 0, 90, second_log)
         assert compare_lsn(reader.durable_position() or "0/0", killed_at or "0/0") > 0
         expected = table_now(pg_cluster)  # the workload is over: the table as of the durable position
-        rows = buffer_rows(store)
+        rows = buffer_rows("", QUALIFIED, store)  # read from S3 through the storage
         assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1)), "no seq lost or repeated"
         rebuilt = sorted((dict(row) for row in replay(rows, ("id",)).values()), key=lambda row: int(row["id"]))
         assert len(rebuilt) == len(expected) and rebuilt == expected
