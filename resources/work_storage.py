@@ -86,6 +86,9 @@ class PrefixedDestination:
     def begin_multipart(self, key: str) -> MultipartUpload:
         return self.inner.begin_multipart(self.prefix + key)
 
+    def abort_stale_uploads(self, prefix: str, older_than_s: float) -> tuple[str, ...]:
+        return tuple(k[len(self.prefix):] for k in self.inner.abort_stale_uploads(self.prefix + prefix, older_than_s))
+
 
 @dataclass(frozen=True)
 class WorkRoot:

@@ -131,6 +131,9 @@ class CountingDestination:
     def begin_multipart(self, key: str) -> MultipartUpload:
         return self._call(lambda: self.inner.begin_multipart(key))
 
+    def abort_stale_uploads(self, prefix: str, older_than_s: float) -> tuple[str, ...]:
+        return self._call(lambda: self.inner.abort_stale_uploads(prefix, older_than_s))
+
 
 class CountingSink:
     """An EventSink whose delivery failures are counted; its name (the outbox folder) is the inner one's."""

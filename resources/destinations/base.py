@@ -84,3 +84,8 @@ class Destination(Protocol):
     def begin_multipart(self, key: str) -> MultipartUpload:
         """Start assembling `key` from parts written anywhere (resources/destinations/multipart.py)."""
         ...
+
+    def abort_stale_uploads(self, prefix: str, older_than_s: float) -> tuple[str, ...]:
+        """Abort the multipart uploads under `prefix` begun more than `older_than_s` ago (a crashed
+        run's leftovers, which S3 keeps and bills until aborted); returns the keys they were for."""
+        ...

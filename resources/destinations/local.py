@@ -30,7 +30,9 @@ import fcntl
 import hashlib
 import io
 import os
+import shutil
 import tempfile
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -232,6 +234,19 @@ class LocalDestination:
             with contextlib.suppress(FileNotFoundError, IsADirectoryError), _key_lock(path):
                 os.unlink(path)
             self._prune(path.parent)
+
+    def abort_stale_uploads(self, prefix: str, older_than_s: float) -> tuple[str, ...]:
+        """Drop upload staging folders untouched for `older_than_s` (their key is not recorded, so
+        `prefix` cannot narrow them down: every upload of this root is judged by age alone)."""
+        from resources.destinations.local_multipart import STAGING_DIR
+
+        staging, cutoff, dropped = self.root / STAGING_DIR, time.time() - older_than_s, []
+        with _os_errors("abort stale uploads", f"file://{staging}"):
+            for folder in sorted(staging.iterdir()) if staging.is_dir() else []:
+                if folder.stat().st_mtime < cutoff:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    dropped.append(f"{STAGING_DIR}/{folder.name}")
+        return tuple(dropped)
 
     def begin_multipart(self, key: str) -> LocalUpload:
         """An upload whose parts are staged under the root (the destination's own filesystem)."""

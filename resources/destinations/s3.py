@@ -314,6 +314,21 @@ class S3Destination:
             upload_id = self._client.create_multipart_upload(Bucket=self.bucket, Key=self._full(key))["UploadId"]
         return S3Upload(self.bucket, self.prefix, key, upload_id, self.connection, _client=self._client)
 
+    def abort_stale_uploads(self, prefix: str, older_than_s: float) -> tuple[str, ...]:
+        """ListMultipartUploads under the prefix; AbortMultipartUpload for those initiated before the cutoff."""
+        cutoff = time.time() - older_than_s
+        aborted = []
+        with self._errors("list multipart uploads", prefix):
+            pages = self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket,
+                                                                                 Prefix=self.prefix + prefix)
+            stale = [(u["Key"], u["UploadId"]) for page in pages for u in page.get("Uploads", [])
+                     if u["Initiated"].timestamp() < cutoff]
+        for full, upload_id in stale:
+            with self._errors("abort multipart upload", full):
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+            aborted.append(full[len(self.prefix):])
+        return tuple(aborted)
+
     # -- internals ----------------------------------------------------------------------------
 
     def _full(self, key: str) -> str:

@@ -31,7 +31,6 @@ from resources.buffer import BufferReader
 from resources.buffer_resource import buffer_storage, work_root
 from resources.destinations.base import Destination
 from resources.destinations.factory import build_destination
-from resources.destinations.local import LocalDestination
 from resources.sinks.base import EventSink
 from resources.sinks.factory import build_sink
 from resources.subscribers.errors import KeyMismatch
@@ -47,7 +46,6 @@ from snapshot_assets.counters import (
     CounterStore,
     CountingDestination,
     CountingSink,
-    unwrap,
 )
 from snapshot_assets.pipeline.commit import (
     CommitResult,
@@ -59,6 +57,10 @@ from snapshot_assets.pipeline.commit import (
 )
 from snapshot_assets.pipeline.decide import NextArtifact, next_artifact
 from snapshot_assets.pipeline.outbox import DeliveryReport, Outbox, artifact_event
+
+
+# A multipart upload begun this long ago and never completed is a crashed run's: no build runs a day.
+STALE_UPLOAD_S = 24 * 3600.0
 
 
 @dataclass
@@ -258,17 +260,18 @@ class TablePipeline:
         return found
 
     def _artifact_base(self, previous: Artifact | None, *, download: bool = False) -> Any:
-        """The previous snapshot's objects as a Spark base: from a local destination, else (with
-        `download`) copied from the first destination into `base_cache` — Spark reads local files only
-        (no hadoop-aws), and an S3-only archive whose local STATE dataset is gone must still re-base."""
+        """The previous snapshot's objects as a Spark base: read in place from a destination whose URIs
+        are `file://` (Spark reads them as they are), else (with `download`) copied from the first
+        destination into `base_cache` — this Spark has no hadoop-aws, and an S3-only archive whose
+        STATE dataset is gone must still re-base."""
         from snapshot_assets.spark.bases import ArtifactBase
 
         fid = next((f for f in ("parquet", "jsonl", "protobuf") if previous and f in previous.formats), None)
         if previous is None or fid is None:
             return None
         key = artifact_key(self.cfg.key_prefix, previous, FORMATS[fid])
-        for dest in map(unwrap, self.destinations):
-            if isinstance(dest, LocalDestination):
+        for dest in self.destinations:
+            if dest.uri(key).startswith("file://"):
                 paths = [dest.uri(o.key) for o in dest.list(key + "/")] or [dest.uri(key)]
                 return ArtifactBase(tuple(paths), fid, previous.to_position)
         if not download:
@@ -298,7 +301,8 @@ class TablePipeline:
         if not result.already_committed:
             self.counters.add(ARTIFACTS_WRITTEN, art.kind)
         deleted = delete_artifacts(self.destinations, self.cfg.key_prefix, result.pruned)
-        orphans = sum(len(collect_orphans(d, self.cfg.key_prefix, result.manifest)) for d in self.destinations)
+        orphans = sum(len(collect_orphans(d, self.cfg.key_prefix, result.manifest))
+                      + len(d.abort_stale_uploads(self.cfg.key_prefix, STALE_UPLOAD_S)) for d in self.destinations)
         self._prune_state(result.manifest)
         manifest_uri = self.destinations[0].uri(keys.manifest_key(self.cfg.key_prefix))
         self.outbox.enqueue(artifact_event(self.name, art, result.manifest.head_position, manifest_uri), self.sinks)

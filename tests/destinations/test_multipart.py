@@ -157,6 +157,24 @@ def test_abort_drops_every_part_and_is_idempotent(dest: Destination) -> None:
     assert dest.get("aborted.bin") is None and list(dest.list("")) == []
 
 
+def test_a_crashed_runs_upload_is_aborted_once_stale_and_a_fresh_one_is_kept(dest: Destination) -> None:
+    """What a run killed between its first part and `complete` leaves behind is collected by age.
+
+    moto_server reports every upload as initiated on 2010-11-10 (a fixed date), so against it the
+    "recent upload is kept" half holds only for the local destination, whose age is its own mtime.
+    """
+    left = begin(dest, "epoch=1/left.bin")
+    left.write_part(1, _blob(MIN_PART_SIZE, 2))
+    if dest.uri("x").startswith("file://"):
+        assert dest.abort_stale_uploads("epoch=1/", 3600) == ()  # could be a run still writing: kept
+        left.write_part(2, b"still open")
+    aborted = dest.abort_stale_uploads("epoch=1/", -1)
+    assert len(aborted) == 1 and dest.abort_stale_uploads("epoch=1/", -1) == ()
+    with pytest.raises(DestinationError):
+        left.complete([1])
+    assert dest.get("epoch=1/left.bin") is None
+
+
 def test_assembling_aborts_when_the_block_fails(dest: Destination) -> None:
     with pytest.raises(RuntimeError, match="task failed"), Assembling(begin(dest, "failed.bin")) as job:
         job.upload.write_part(1, b"part")
