@@ -58,7 +58,6 @@ from snapshot_assets.pipeline.commit import (
 from snapshot_assets.pipeline.decide import NextArtifact, next_artifact
 from snapshot_assets.pipeline.outbox import DeliveryReport, Outbox, artifact_event
 
-
 # A multipart upload begun this long ago and never completed is a crashed run's: no build runs a day.
 STALE_UPLOAD_S = 24 * 3600.0
 
