@@ -61,6 +61,7 @@ from snapshot_assets.tables import (
     ATTEMPT_TAG,
     BOUNDARY_TAG,
     FROM_TAG,
+    PARTITION_TAG,
     RETRY_OF_TAG,
     TABLE_TAG,
     TO_TAG,
@@ -68,8 +69,6 @@ from snapshot_assets.tables import (
     config,
     pipelines,
 )
-
-PARTITION_TAG = "dagster/partition"
 
 
 def busy(instance: dg.DagsterInstance, table: str) -> dg.DagsterRun | None:

@@ -30,6 +30,7 @@ from snapshot_assets.config import load_config
 from snapshot_assets.redaction import install_log_redaction, redact
 
 if TYPE_CHECKING:
+    from snapshot_assets.launch import Launcher
     from snapshot_assets.pipeline.table import TablePipeline
 
 
@@ -49,6 +50,13 @@ def _add_store_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--key-prefix", default="", help='the table\'s key prefix inside the destination (e.g. "users/")')
     g.add_argument("--positions", choices=sorted(COMPARATORS), default="lsn",
                    help="how positions are ordered (PostgreSQL LSNs by default)")
+
+
+def _add_workspace_flags(p: argparse.ArgumentParser, why: str) -> None:
+    g = p.add_argument_group("Dagster", f"{why} to the instance of $DAGSTER_HOME, for the daemon to run")
+    g.add_argument("--workspace", default="workspace.yaml",
+                   help="the workspace file naming the code location (default: workspace.yaml)")
+    g.add_argument("--location", help="the code location in it (default: its only one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,11 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--output", choices=("table", "json"), default="table")
     st.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
 
-    met = sub.add_parser("serve-metrics", help="serve Prometheus metrics of every configured table")
-    met.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
-    met.add_argument("--host", default="0.0.0.0")
-    met.add_argument("--port", type=int, default=9464)
-    met.add_argument("--interval", type=float, default=15.0, help="seconds between status collections")
+    for name, port, interval, text in (
+            ("serve", 8080, 5.0, "laredo's HTTP API: /health/live, /health/ready, /status, /metrics, POST /snapshot"),
+            ("serve-metrics", 9464, 15.0, "the same HTTP API as `serve` (the former metrics-only exporter's "
+                                          "name and port)")):
+        srv = sub.add_parser(name, help=text)
+        srv.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+        srv.add_argument("--host", default="0.0.0.0")
+        srv.add_argument("--port", type=int, default=port)
+        srv.add_argument("--interval", type=float, default=interval, help="seconds between status collections")
+        _add_workspace_flags(srv, "POST /snapshot submits force_snapshot runs")
 
     fan = sub.add_parser("fanout-serve", help="serve a configured table over the laredo fan-out protocol")
     fan.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -255,25 +268,50 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def cmd_serve_metrics(args: argparse.Namespace, out: TextIO) -> int:
-    from snapshot_assets.metrics import serve
+def launcher(args: argparse.Namespace) -> tuple[Launcher | None, str]:
+    """The run launcher of `--workspace` on the $DAGSTER_HOME instance, or why there is none."""
+    from pathlib import Path
+
+    from snapshot_assets.launch import Launcher, LaunchError, workspace_origin
+    from snapshot_assets.status import dagster_home_instance
+
+    instance = dagster_home_instance()
+    if instance is None:
+        return None, "no Dagster instance: set DAGSTER_HOME to the instance the daemon uses"
+    try:
+        return Launcher(instance, workspace_origin(Path(args.workspace), args.location)), ""
+    except LaunchError as e:
+        return None, str(e)
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.http_api import serve
     from snapshot_assets.services import install_stop_signals
     from snapshot_assets.status import dagster_home_instance, statuses
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _use_config(args.config)  # the code location loaded for POST /snapshot reads the same tables
     args.table = []
     pipes = _pipelines(args)
     instance = dagster_home_instance()
+    launch, why = launcher(args)
+    if launch is None:
+        logging.getLogger(__name__).warning("POST /snapshot is off: %s", why)
     stop = threading.Event()
     install_stop_signals(stop)
-    serve(lambda: statuses(pipes, instance=instance), port=args.port, addr=args.host, interval=args.interval,
-          stop=stop)
+    try:
+        serve(lambda: statuses(pipes, instance=instance), tables=[p.name for p in pipes], port=args.port,
+              addr=args.host, interval=args.interval, submit=launch.submit if launch else None,
+              no_submit_reason=why, stop=stop)
+    finally:
+        if launch is not None:
+            launch.close()
     return 0
 
 
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
-            "serve-metrics": cmd_serve_metrics}
+            "serve": cmd_serve, "serve-metrics": cmd_serve}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

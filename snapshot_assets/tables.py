@@ -16,6 +16,7 @@ from resources.sinks_resource import EventSinksResource
 from snapshot_assets.config import SnapshotterConfig, load_config
 from snapshot_assets.pipeline.table import TablePipeline
 
+PARTITION_TAG = "dagster/partition"  # Dagster's own: the table of an artifact run (the run queue's one-per-table key)
 TABLE_TAG = "snapshotter/table"
 TRIGGER_TAG = "snapshotter/trigger"
 FROM_TAG = "snapshotter/from_position"
