@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing = sub.add_parser("ingest", help="run the subscribers into the change buffer until stopped")
     ing.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
     ing.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
+    _add_workspace_flags(ing, "on SIGTERM/SIGINT, once the buffers are sealed, the final diff runs are submitted")
 
     once = sub.add_parser("run", help="catch every configured table up to the source position seen at start")
     once.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -186,13 +187,32 @@ def cmd_ingest(args: argparse.Namespace, out: TextIO) -> int:
     from snapshot_assets.services import install_stop_signals, run_ingest_service
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _use_config(args.config)  # the code location loaded for the final runs reads the same tables
     stop = threading.Event()
     install_stop_signals(stop)
     outcomes = run_ingest_service(load_config(args.config), args.table, stop=stop)
+    finals = _final_artifacts(args, [o.table for o in outcomes])
     for o in outcomes:
         state = f"failed: {o.error}" if o.error else f"stopped at {o.result.durable_position if o.result else '-'}"
-        out.write(f"{o.table}: {state}\n")
+        out.write(f"{o.table}: {state}; {finals.get(o.table, '')}\n")
     return 1 if any(o.error for o in outcomes) else 0
+
+
+def _final_artifacts(args: argparse.Namespace, tables: Sequence[str]) -> dict[str, str]:
+    """Graceful shutdown: the final diff of every table with buffered changes, submitted to the
+    $DAGSTER_HOME instance (snapshot_assets/shutdown.py); per table, what was done."""
+    from snapshot_assets.pipeline.table import TablePipeline
+    from snapshot_assets.shutdown import request_final_artifacts
+
+    launch, why = launcher(args)
+    if launch is None:
+        return dict.fromkeys(tables, f"no final diff requested ({why}): the trigger sensor or "
+                                     "`snapshotter run --once --no-ingest` archives the sealed changes")
+    config = load_config(args.config)
+    with launch:
+        done = request_final_artifacts([TablePipeline(config.table(t)) for t in tables], launch.instance,
+                                       launch.submit)
+    return {r.table: r.detail for r in done}
 
 
 def _use_config(path: str | None) -> None:

@@ -32,6 +32,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from snapshot_assets.launch import SubmitRun
 from snapshot_assets.metrics import StatusCollector
 from snapshot_assets.redaction import redact
 from snapshot_assets.status import TableStatus
@@ -39,8 +40,6 @@ from snapshot_assets.tables import PARTITION_TAG, TABLE_TAG
 
 log = logging.getLogger(__name__)
 
-SubmitRun = Callable[[str, dict[str, str]], str]
-"""(job name, tags) -> run id: a run submitted to the Dagster instance (launch.Launcher.submit)."""
 FORCE_SNAPSHOT_JOB = "force_snapshot"
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -33,6 +33,9 @@ from dagster._core.workspace.load_target import (
     WorkspaceFileTarget,
     WorkspaceLoadTarget,
 )
+
+SubmitRun = Callable[[str, Mapping[str, str]], str]
+"""(job name, tags) -> the id of the run submitted to the Dagster instance (`Launcher.submit`)."""
 
 
 class LaunchError(Exception):
