@@ -203,8 +203,9 @@ def _final_artifacts(args: argparse.Namespace, tables: Sequence[str]) -> dict[st
     $DAGSTER_HOME instance (snapshot_assets/shutdown.py); per table, what was done."""
     from snapshot_assets.pipeline.table import TablePipeline
     from snapshot_assets.shutdown import request_final_artifacts
+    from snapshot_assets.status import dagster_home_instance
 
-    launch, why = launcher(args)
+    launch, why = launcher(args, dagster_home_instance())
     if launch is None:
         return dict.fromkeys(tables, f"no final diff requested ({why}): the trigger sensor or "
                                      "`snapshotter run --once --no-ingest` archives the sealed changes")
@@ -288,14 +289,12 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def launcher(args: argparse.Namespace) -> tuple[Launcher | None, str]:
-    """The run launcher of `--workspace` on the $DAGSTER_HOME instance, or why there is none."""
+def launcher(args: argparse.Namespace, instance: dg.DagsterInstance | None) -> tuple[Launcher | None, str]:
+    """The run launcher of `--workspace` on `instance` (the $DAGSTER_HOME one), or why there is none."""
     from pathlib import Path
 
     from snapshot_assets.launch import Launcher, LaunchError, workspace_origin
-    from snapshot_assets.status import dagster_home_instance
 
-    instance = dagster_home_instance()
     if instance is None:
         return None, "no Dagster instance: set DAGSTER_HOME to the instance the daemon uses"
     try:
@@ -314,7 +313,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     args.table = []
     pipes = _pipelines(args)
     instance = dagster_home_instance()
-    launch, why = launcher(args)
+    launch, why = launcher(args, instance)
     if launch is None:
         logging.getLogger(__name__).warning("POST /snapshot is off: %s", why)
     stop = threading.Event()

@@ -4,7 +4,7 @@ Every Dagster run is its own process and every sensor tick may be another one, s
 Prometheus counter would reset with each of them. Instead each table has a small JSON file,
 `<buffer.path>/_metrics/<table>.json`, `{metric: {label: value}}`, updated read-modify-write under
 an exclusive `flock` and replaced atomically (a reader never sees half a file); the exporter
-(`snapshotter serve-metrics`) and the manifest's materialization metadata read it.
+(`snapshotter serve`) and the manifest's materialization metadata read it.
 
 Destination and sink failures are counted where they happen, by thin wrappers around the
 destination and the sink: whoever calls them (the artifact upload, the manifest commit, a

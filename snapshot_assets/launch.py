@@ -68,18 +68,23 @@ def run_origin(run: dg.DagsterRun) -> CodeLocationOrigin:
     return run.remote_job_origin.repository_origin.code_location_origin
 
 
+class _OriginTarget(WorkspaceLoadTarget):
+    """A workspace of one code location, loaded the way its origin says (a gRPC server: connected to)."""
+
+    def __init__(self, origin: CodeLocationOrigin) -> None:
+        self.origin = origin
+
+    def create_origins(self) -> list[CodeLocationOrigin]:
+        return [self.origin]
+
+
 def _load_target(origin: CodeLocationOrigin) -> WorkspaceLoadTarget:
     """In process when this interpreter can load the origin's Python target (module doc)."""
     target = getattr(origin, "loadable_target_origin", None)
     if target is not None and target.executable_path in (None, sys.executable):
         return InProcessWorkspaceLoadTarget(
             InProcessCodeLocationOrigin(target, container_image=None, location_name=origin.location_name))
-
-    class _Single(WorkspaceLoadTarget):
-        def create_origins(self) -> list[CodeLocationOrigin]:
-            return [origin]
-
-    return _Single()
+    return _OriginTarget(origin)
 
 
 class Launcher:
