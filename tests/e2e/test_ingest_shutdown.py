@@ -1,8 +1,9 @@
 """Graceful shutdown of `snapshotter ingest`: SIGTERM seals the buffer and submits the final diff.
 
 A real `snapshotter ingest` process (generator source, DAGSTER_HOME set, the workspace file) fills
-the buffer; `snapshotter run --once --no-ingest` commits the first snapshot; more changes are
-acknowledged; then a real SIGTERM. The process exits 0 at a durable position X at or past
+the buffer; `snapshotter run --once --no-ingest` commits the first snapshot (the ingest paused
+with SIGSTOP meanwhile, so the catch-up has a fixed target); more changes are acknowledged; then a
+real SIGTERM. The process exits 0 at a durable position X at or past
 everything acknowledged before the signal, and says which run it submitted: a `diff_job` run
 queued in the instance for exactly (head, X] (trigger `shutdown`). Only then is `dagster-daemon`
 started; it runs that queued run, and the archive rebuilt at X equals the source's table at X:
@@ -44,8 +45,12 @@ def test_sigterm_to_snapshotter_ingest_submits_the_final_diff(workdir: Path) -> 
                                   cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
     try:
         poll(lambda: buffer.durable_position(), 60, "a durable position", log)
-        once = subprocess.run([SNAPSHOTTER, "run", "--once", "--no-ingest", "--config", str(config)], cwd=workdir,
-                              env=env, capture_output=True, text=True, timeout=600)
+        ingest.send_signal(signal.SIGSTOP)  # `run --once` catches up with a buffer that stands still
+        try:
+            once = subprocess.run([SNAPSHOTTER, "run", "--once", "--no-ingest", "--config", str(config)],
+                                  cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+        finally:
+            ingest.send_signal(signal.SIGCONT)
         assert once.returncode == 0, once.stderr[-3000:]
         head = pipe.manifest().head_position
         poll(lambda: True if compare_lsn(buffer.durable_position() or "", head) > 0 else None, 60,
