@@ -33,8 +33,9 @@ from tests.e2e.test_dagster_daemon import stop_service
 pytestmark = pytest.mark.slow
 
 
-def test_sigterm_to_snapshotter_ingest_submits_the_final_diff(workdir: Path) -> None:
+def test_sigterm_to_snapshotter_ingest_submits_the_final_diff(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home, workspace, config = setup(workdir)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))  # this process reads the same instance
     (table,) = load_config(config, env={}).tables
     pipe = TablePipeline(table)
     env = e2e_env(DAGSTER_HOME=str(home), SNAPSHOTTER_CONFIG=str(config), PYTHONUNBUFFERED="1")
