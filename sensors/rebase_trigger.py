@@ -61,15 +61,15 @@ from snapshot_assets.tables import (
     ATTEMPT_TAG,
     BOUNDARY_TAG,
     FROM_TAG,
+    PARTITION_TAG,
     RETRY_OF_TAG,
     TABLE_TAG,
     TO_TAG,
     TRIGGER_TAG,
+    boundary,
     config,
     pipelines,
 )
-
-PARTITION_TAG = "dagster/partition"
 
 
 def busy(instance: dg.DagsterInstance, table: str) -> dg.DagsterRun | None:
@@ -123,15 +123,15 @@ class Attempt:
 
 def attempt(instance: dg.DagsterInstance, pipe: TablePipeline, nxt: NextArtifact) -> Attempt:
     """The attempt at `nxt`'s boundary that is due, derived from the run records alone (module doc)."""
-    boundary = f"{pipe.name}:{nxt.run_key}"
-    failed = instance.get_run_records(dg.RunsFilter(tags={BOUNDARY_TAG: boundary}, statuses=UNSUCCESSFUL), limit=1)
+    key = boundary(pipe.name, nxt)
+    failed = instance.get_run_records(dg.RunsFilter(tags={BOUNDARY_TAG: key}, statuses=UNSUCCESSFUL), limit=1)
     previous = failed[0].dagster_run if failed else None
     number = 0
     if previous is not None:
         tag = previous.tags.get(ATTEMPT_TAG, "0")
         number = (int(tag) if tag.isdigit() else 0) + 1
     streak = failure_streak(instance, {TABLE_TAG: pipe.name})
-    return Attempt(boundary, number, previous, streak, streak.retry_due(pipe.cfg.retry))
+    return Attempt(key, number, previous, streak, streak.retry_due(pipe.cfg.retry))
 
 
 MEASURE_BUDGET_S = 40.0

@@ -30,6 +30,7 @@ from snapshot_assets.config import load_config
 from snapshot_assets.redaction import install_log_redaction, redact
 
 if TYPE_CHECKING:
+    from snapshot_assets.launch import Launcher
     from snapshot_assets.pipeline.table import TablePipeline
 
 
@@ -49,6 +50,13 @@ def _add_store_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--key-prefix", default="", help='the table\'s key prefix inside the destination (e.g. "users/")')
     g.add_argument("--positions", choices=sorted(COMPARATORS), default="lsn",
                    help="how positions are ordered (PostgreSQL LSNs by default)")
+
+
+def _add_workspace_flags(p: argparse.ArgumentParser, why: str) -> None:
+    g = p.add_argument_group("Dagster", f"{why} to the instance of $DAGSTER_HOME, for the daemon to run")
+    g.add_argument("--workspace", default="workspace.yaml",
+                   help="the workspace file naming the code location (default: workspace.yaml)")
+    g.add_argument("--location", help="the code location in it (default: its only one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing = sub.add_parser("ingest", help="run the subscribers into the change buffer until stopped")
     ing.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
     ing.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
+    _add_workspace_flags(ing, "on SIGTERM/SIGINT, once the buffers are sealed, the final diff runs are submitted")
 
     once = sub.add_parser("run", help="catch every configured table up to the source position seen at start")
     once.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -93,11 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--output", choices=("table", "json"), default="table")
     st.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
 
-    met = sub.add_parser("serve-metrics", help="serve Prometheus metrics of every configured table")
-    met.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
-    met.add_argument("--host", default="0.0.0.0")
-    met.add_argument("--port", type=int, default=9464)
-    met.add_argument("--interval", type=float, default=15.0, help="seconds between status collections")
+    for name, port, interval, text in (
+            ("serve", 8080, 5.0, "laredo's HTTP API: /health/live, /health/ready, /status, /metrics, POST /snapshot"),
+            ("serve-metrics", 9464, 15.0, "the same HTTP API as `serve` (the former metrics-only exporter's "
+                                          "name and port)")):
+        srv = sub.add_parser(name, help=text)
+        srv.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+        srv.add_argument("--host", default="0.0.0.0")
+        srv.add_argument("--port", type=int, default=port)
+        srv.add_argument("--interval", type=float, default=interval, help="seconds between status collections")
+        _add_workspace_flags(srv, "POST /snapshot submits force_snapshot runs")
 
     fan = sub.add_parser("fanout-serve", help="serve a configured table over the laredo fan-out protocol")
     fan.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -173,13 +187,33 @@ def cmd_ingest(args: argparse.Namespace, out: TextIO) -> int:
     from snapshot_assets.services import install_stop_signals, run_ingest_service
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _use_config(args.config)  # the code location loaded for the final runs reads the same tables
     stop = threading.Event()
     install_stop_signals(stop)
     outcomes = run_ingest_service(load_config(args.config), args.table, stop=stop)
+    finals = _final_artifacts(args, [o.table for o in outcomes])
     for o in outcomes:
         state = f"failed: {o.error}" if o.error else f"stopped at {o.result.durable_position if o.result else '-'}"
-        out.write(f"{o.table}: {state}\n")
+        out.write(f"{o.table}: {state}; {finals.get(o.table, '')}\n")
     return 1 if any(o.error for o in outcomes) else 0
+
+
+def _final_artifacts(args: argparse.Namespace, tables: Sequence[str]) -> dict[str, str]:
+    """Graceful shutdown: the final diff of every table with buffered changes, submitted to the
+    $DAGSTER_HOME instance (snapshot_assets/shutdown.py); per table, what was done."""
+    from snapshot_assets.pipeline.table import TablePipeline
+    from snapshot_assets.shutdown import request_final_artifacts
+    from snapshot_assets.status import dagster_home_instance
+
+    launch, why = launcher(args, dagster_home_instance())
+    if launch is None:
+        return dict.fromkeys(tables, f"no final diff requested ({why}): the trigger sensor or "
+                                     "`snapshotter run --once --no-ingest` archives the sealed changes")
+    config = load_config(args.config)
+    with launch:
+        done = request_final_artifacts([TablePipeline(config.table(t)) for t in tables], launch.instance,
+                                       launch.submit)
+    return {r.table: r.detail for r in done}
 
 
 def _use_config(path: str | None) -> None:
@@ -255,25 +289,48 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def cmd_serve_metrics(args: argparse.Namespace, out: TextIO) -> int:
-    from snapshot_assets.metrics import serve
+def launcher(args: argparse.Namespace, instance: dg.DagsterInstance | None) -> tuple[Launcher | None, str]:
+    """The run launcher of `--workspace` on `instance` (the $DAGSTER_HOME one), or why there is none."""
+    from pathlib import Path
+
+    from snapshot_assets.launch import Launcher, LaunchError, workspace_origin
+
+    if instance is None:
+        return None, "no Dagster instance: set DAGSTER_HOME to the instance the daemon uses"
+    try:
+        return Launcher(instance, workspace_origin(Path(args.workspace), args.location)), ""
+    except LaunchError as e:
+        return None, str(e)
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.http_api import serve
     from snapshot_assets.services import install_stop_signals
     from snapshot_assets.status import dagster_home_instance, statuses
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _use_config(args.config)  # the code location loaded for POST /snapshot reads the same tables
     args.table = []
     pipes = _pipelines(args)
     instance = dagster_home_instance()
+    launch, why = launcher(args, instance)
+    if launch is None:
+        logging.getLogger(__name__).warning("POST /snapshot is off: %s", why)
     stop = threading.Event()
     install_stop_signals(stop)
-    serve(lambda: statuses(pipes, instance=instance), port=args.port, addr=args.host, interval=args.interval,
-          stop=stop)
+    try:
+        serve(lambda: statuses(pipes, instance=instance), tables=[p.name for p in pipes], port=args.port,
+              addr=args.host, interval=args.interval, submit=launch.submit if launch else None,
+              no_submit_reason=why, stop=stop)
+    finally:
+        if launch is not None:
+            launch.close()
     return 0
 
 
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
-            "serve-metrics": cmd_serve_metrics}
+            "serve": cmd_serve, "serve-metrics": cmd_serve}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
