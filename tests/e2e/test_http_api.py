@@ -62,7 +62,7 @@ def test_health_status_metrics_and_errors_over_http(tmp_path: Path) -> None:
         pipe.commit(diff(pipe, "0/10", "0/20"))
         last = diff(pipe, "0/20", "0/3A", ident=2)
         pipe.commit(last)
-        with ChangeBuffer(pipe.buffer_root, TABLE):  # what `snapshotter ingest` / the ingest run hold
+        with ChangeBuffer(pipe.cfg.buffer.path, TABLE):  # what `snapshotter ingest` / the ingest run hold
             up = poll(lambda: a if (a := call(port, "/health/ready")).code == 200 else None, 30, "readiness", log)
             assert up.json() == {"ready": True, "tables": [{"table": TABLE, "ready": True, "not_ready": []}]}
 
