@@ -31,6 +31,7 @@ from snapshot_assets.redaction import install_log_redaction, redact
 
 if TYPE_CHECKING:
     from snapshot_assets.pipeline.table import TablePipeline
+    from snapshot_assets.spark.connect_server import ServerStatus
 
 
 class CliError(Exception):
@@ -87,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", default=".snapshotter", help="the demo's working directory (recreated)")
     demo.add_argument("--cycles", type=int, default=5)
     demo.add_argument("--changes-per-cycle", type=int, default=3000)
+
+    spk = sub.add_parser("spark", help="the local Spark Connect server of this directory: status, stop")
+    spk.add_argument("action", choices=("status", "stop"))
+    spk.add_argument("--state-dir", help="the server's state directory (default: the one runs started in this "
+                                         "directory use)")
 
     st = sub.add_parser("status", help="per table: epoch, head, source lag, buffer, trigger, outbox, health")
     st.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -215,6 +221,59 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     return run_demo(out, workdir=Path(args.dir).resolve(), cycles=args.cycles, per_cycle=args.changes_per_cycle)
 
 
+def cmd_spark(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.spark.connect_server import (
+        DEFAULT_STATE_DIR,
+        last_stop,
+        server_status,
+        stop_local_connect_server,
+    )
+
+    state_dir = args.state_dir or DEFAULT_STATE_DIR
+    status = server_status(state_dir)
+    if args.action == "stop":
+        stopped = stop_local_connect_server(state_dir)
+        out.write(f"stopped the local Spark Connect server (pid {status.info.pid})\n" if stopped and status
+                  else "stopped the local Spark Connect server\n" if stopped
+                  else f"no local Spark Connect server runs under {state_dir}\n")
+        return 0
+    if status is None:
+        why = last_stop(state_dir)
+        out.write(f"no local Spark Connect server runs under {state_dir}"
+                  f"{f' (the last one stopped: {why})' if why else ''}\n")
+        return 0
+    out.write(render_server_status(status))
+    return 0
+
+
+def render_server_status(status: ServerStatus) -> str:
+    """`snapshotter spark status` of a running server, one fact per line."""
+    info = status.info
+    idle, stops_in = status.idle_s, status.stops_in_s
+    sessions = "unknown (connections cannot be counted here)" if status.sessions is None else str(status.sessions)
+    if not status.watchdog_alive:
+        stops = "never by itself (its watchdog is not running; `snapshotter spark stop` ends it)"
+    elif info.idle_timeout_s <= 0:
+        stops = "never by itself (local_server_idle_timeout = 0; `snapshotter spark stop` ends it)"
+    elif stops_in is None:
+        stops = "never by itself (sessions cannot be counted here; `snapshotter spark stop` ends it)"
+    elif status.sessions:
+        stops = f"after {_duration(info.idle_timeout_s)} without a session"
+    else:
+        stops = f"in {_duration(stops_in)} unless a session starts ({_duration(info.idle_timeout_s)} idle)"
+    idle_text = "no (in use)" if status.sessions else _duration(idle) if idle is not None else "unknown"
+    rows = [("pid", str(info.pid)), ("port", str(info.port)), ("uptime", _duration(status.uptime_s)),
+            ("sessions", sessions), ("idle", idle_text),
+            ("rss", f"{status.rss_bytes / 2**20:.0f} MiB" if status.rss_bytes else "unknown"),
+            ("stops", stops), ("log", info.log_path)]
+    return "".join(f"{name:<9}{value}\n" for name, value in rows)
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
 def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
     from resources.subscribers.factory import build_subscriber
     from resources.subscribers.fanout_server import FanoutConfig, serve
@@ -273,7 +332,7 @@ def cmd_serve_metrics(args: argparse.Namespace, out: TextIO) -> int:
 
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
-            "serve-metrics": cmd_serve_metrics}
+            "serve-metrics": cmd_serve_metrics, "spark": cmd_spark}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

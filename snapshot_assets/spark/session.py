@@ -174,7 +174,8 @@ def plan_spark(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR,
         return SparkPlan({**named, **base, **config.conf, "spark.master": config.master}, "classic", config.master)
     conf = {**LOCAL_DEFAULTS, **config.conf}
     try:
-        info, started_now = ensure_local_connect_server(Path(state_dir), conf=conf)
+        info, started_now = ensure_local_connect_server(
+            Path(state_dir), conf=conf, idle_timeout_s=config.local_server_idle_timeout.total_seconds())
     except (ConnectServerError, OSError) as exc:
         return _fallback(config, app_name, f"local Spark Connect server unavailable ({exc})")
     note = f"{'started' if started_now else 'reused'} local server pid {info.pid} port {info.port}"
