@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import dagster as dg
@@ -52,6 +53,21 @@ def _add_store_flags(p: argparse.ArgumentParser) -> None:
                    help="how positions are ordered (PostgreSQL LSNs by default)")
 
 
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--verbose", action="store_true",
+                   help="print Dagster's event log and the log records to the terminal instead of a file")
+    g.add_argument("--log-file", help="write the event log here (default: run: a new file under "
+                                      ".snapshotter/logs; demo: events.log in its --dir)")
+
+
+def _log_path(args: argparse.Namespace, default: Callable[[], Path]) -> Path | None:
+    """Where the command's event log goes: --log-file, else `default()`; None (the terminal) with --verbose."""
+    if args.verbose:
+        return None
+    return Path(args.log_file).absolute() if args.log_file else default()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="snapshotter", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,11 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     once.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
     once.add_argument("--force-snapshot", action="store_true", help="start with a snapshot whatever the policy says")
     once.add_argument("--no-ingest", action="store_true", help="only archive what the buffer already holds")
+    _add_output_flags(once)
 
     demo = sub.add_parser("demo", help="the whole pipeline on embedded defaults (generator, local archive, Spark)")
     demo.add_argument("--dir", default=".snapshotter", help="the demo's working directory (recreated)")
     demo.add_argument("--cycles", type=int, default=5)
     demo.add_argument("--changes-per-cycle", type=int, default=3000)
+    _add_output_flags(demo)
 
     spk = sub.add_parser("spark", help="the local Spark Connect server of this directory: status, stop")
     spk.add_argument("action", choices=("status", "stop"))
@@ -201,24 +219,26 @@ def dagster_instance() -> dg.DagsterInstance:
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from snapshot_assets.run_once import run_once
+    from snapshot_assets.run_output import DEFAULT_LOG_DIR, command_output, default_log_path
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     _use_config(args.config)
     config = load_config(args.config)
-    for outcome in run_once(config, args.table, instance=dagster_instance(), force=args.force_snapshot,
-                            ingest=not args.no_ingest):
-        wrote = ", ".join(outcome.artifacts) or "nothing new"
-        out.write(f"{outcome.table}: buffer at {outcome.ingested_to}, head {outcome.head or '-'}; wrote {wrote}\n")
+    with command_output(out, _log_path(args, lambda: default_log_path(DEFAULT_LOG_DIR.absolute(), "run-once"))) \
+            as output:
+        for outcome in run_once(config, args.table, instance=dagster_instance(), force=args.force_snapshot,
+                                ingest=not args.no_ingest, output=output):
+            wrote = ", ".join(outcome.artifacts) or "nothing new"
+            output.view.line(f"{outcome.table}: buffer at {outcome.ingested_to}, head {outcome.head or '-'}; "
+                             f"wrote {wrote}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    from pathlib import Path
-
     from snapshot_assets.demo import run_demo
 
-    logging.basicConfig(level=logging.WARNING)
-    return run_demo(out, workdir=Path(args.dir).resolve(), cycles=args.cycles, per_cycle=args.changes_per_cycle)
+    workdir = Path(args.dir).resolve()
+    return run_demo(out, workdir=workdir, cycles=args.cycles, per_cycle=args.changes_per_cycle,
+                    log_path=_log_path(args, lambda: workdir / "events.log"))
 
 
 def cmd_spark(args: argparse.Namespace, out: TextIO) -> int:
@@ -248,30 +268,16 @@ def cmd_spark(args: argparse.Namespace, out: TextIO) -> int:
 
 def render_server_status(status: ServerStatus) -> str:
     """`snapshotter spark status` of a running server, one fact per line."""
-    info = status.info
-    idle, stops_in = status.idle_s, status.stops_in_s
+    from snapshot_assets.spark.connect_server import human_duration
+
+    info, idle = status.info, status.idle_s
     sessions = "unknown (connections cannot be counted here)" if status.sessions is None else str(status.sessions)
-    if not status.watchdog_alive:
-        stops = "never by itself (its watchdog is not running; `snapshotter spark stop` ends it)"
-    elif info.idle_timeout_s <= 0:
-        stops = "never by itself (local_server_idle_timeout = 0; `snapshotter spark stop` ends it)"
-    elif stops_in is None:
-        stops = "never by itself (sessions cannot be counted here; `snapshotter spark stop` ends it)"
-    elif status.sessions:
-        stops = f"after {_duration(info.idle_timeout_s)} without a session"
-    else:
-        stops = f"in {_duration(stops_in)} unless a session starts ({_duration(info.idle_timeout_s)} idle)"
-    idle_text = "no (in use)" if status.sessions else _duration(idle) if idle is not None else "unknown"
-    rows = [("pid", str(info.pid)), ("port", str(info.port)), ("uptime", _duration(status.uptime_s)),
+    idle_text = "no (in use)" if status.sessions else human_duration(idle) if idle is not None else "unknown"
+    rows = [("pid", str(info.pid)), ("port", str(info.port)), ("uptime", human_duration(status.uptime_s)),
             ("sessions", sessions), ("idle", idle_text),
             ("rss", f"{status.rss_bytes / 2**20:.0f} MiB" if status.rss_bytes else "unknown"),
-            ("stops", stops), ("log", info.log_path)]
+            ("stops", status.stop_rule()), ("log", info.log_path)]
     return "".join(f"{name:<9}{value}\n" for name, value in rows)
-
-
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:

@@ -448,6 +448,26 @@ class ServerStatus:
             return None
         return max(0.0, self.info.idle_timeout_s - (self.idle_s or 0.0))
 
+    def stop_rule(self) -> str:
+        """When it stops, in words: `in 14m12s unless a session starts (15m00s idle)`, `never by itself (...)`."""
+        stop_now = "`snapshotter spark stop` ends it"
+        stops_in, timeout = self.stops_in_s, self.info.idle_timeout_s
+        if not self.watchdog_alive:
+            return f"never by itself (its watchdog is not running; {stop_now})"
+        if timeout <= 0:
+            return f"never by itself (local_server_idle_timeout = 0; {stop_now})"
+        if stops_in is None:
+            return f"never by itself (sessions cannot be counted here; {stop_now})"
+        if self.sessions:
+            return f"after {human_duration(timeout)} without a session"
+        return f"in {human_duration(stops_in)} unless a session starts ({human_duration(timeout)} idle)"
+
+
+def human_duration(seconds: float) -> str:
+    """`42s`, `14m05s`, `2h03m`."""
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
 
 def server_status(state_dir: Path | str = DEFAULT_STATE_DIR) -> ServerStatus | None:
     """The local server under `state_dir` with its uptime, sessions, idle time and RSS; None if none runs."""
