@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -72,6 +73,17 @@ def test_client_connections_counts_the_open_connections_on_the_port(
         for sock in clients + accepted:
             sock.close()
         wait_for("connections closed", lambda: count(os.getpid(), port) == 0, 10)
+        # a client killed with -9 stops counting at once: the kernel closes its socket
+        client = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; "
+                                   f"s = socket.create_connection(('127.0.0.1', {port})); print(1, flush=True); "
+                                   "time.sleep(600)"], stdout=subprocess.PIPE)
+        assert client.stdout is not None and client.stdout.readline().strip() == b"1"
+        server_side = listener.accept()[0]
+        assert count(os.getpid(), port) == 1
+        client.kill()
+        client.wait()
+        wait_for("the killed client's connection is gone", lambda: count(os.getpid(), port) == 0, 10)
+        server_side.close()
 
 
 @pytest.mark.slow
