@@ -26,6 +26,7 @@ import datetime as _dt
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,12 +101,15 @@ class RunOutput:
     view: LiveView
     event_log: EventLog | None
     installed: list[tuple[logging.Logger, logging.Handler]] = field(default_factory=list)
+    root_level: int = logging.NOTSET
 
-    def run_config(self) -> dict[str, Any] | None:
-        """The run config of an in-process run: Dagster's console logger silenced unless verbose."""
+    def run_config(self, job: dg.JobDefinition, partition: str) -> dict[str, Any] | None:
+        """The run config of an in-process run: the partition's own, with Dagster's console logger
+        silenced unless verbose (a run config given replaces the partition's, so it is merged here)."""
         if self.event_log is None:
             return None
-        return {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+        config = job.partitioned_config.get_run_config_for_partition_key(partition) if job.partitioned_config else {}
+        return {**config, "loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
     def watch(self, instance: dg.DagsterInstance, run_id: str, table: str, nxt: NextArtifact) -> RunWatch:
         """Feed the view (and the event log) from the events of the run `run_id`, before it starts."""
@@ -116,13 +120,11 @@ class RunOutput:
     def execute(self, job: dg.JobDefinition, table: str, nxt: NextArtifact, *, instance: dg.DagsterInstance,
                 tags: dict[str, str]) -> dg.ExecuteInProcessResult:
         """Run `job` for the table's partition in this process, watched."""
-        from dagster._core.utils import make_new_run_id
-
-        run_id = make_new_run_id()
+        run_id = str(uuid.uuid4())  # chosen here, so the listener is registered before the first event
         watch = self.watch(instance, run_id, table, nxt)
         try:
             return job.execute_in_process(partition_key=table, tags=tags, instance=instance, raise_on_error=True,
-                                          run_id=run_id, run_config=self.run_config())
+                                          run_id=run_id, run_config=self.run_config(job, table))
         finally:
             watch.detach_spark()
 
@@ -130,6 +132,7 @@ class RunOutput:
         for logger, handler in self.installed:
             logger.removeHandler(handler)
         self.installed.clear()
+        logging.getLogger().setLevel(self.root_level)
         logging.captureWarnings(False)
         if self.event_log is not None:
             self.event_log.close()
@@ -162,6 +165,7 @@ def command_output(out: TextIO, log_path: Path | None) -> Iterator[RunOutput]:
             output.installed.append((logging.getLogger(name), note))
     root.addHandler(handler)
     output.installed.append((root, handler))
+    output.root_level = root.level
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
     try:

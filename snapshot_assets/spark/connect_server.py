@@ -276,9 +276,7 @@ def _claimed_at(state_dir: Path) -> float:
 
 def _claim(state_dir: Path) -> None:
     """Record that a process was just handed the server (it connects within moments)."""
-    path = state_dir / _CLAIM_FILE
-    path.touch()
-    os.utime(path)
+    (state_dir / _CLAIM_FILE).touch()  # sets the mtime of an existing file too
 
 
 @dataclass(frozen=True, slots=True)

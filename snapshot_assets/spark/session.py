@@ -4,7 +4,8 @@ In order of preference:
   1. `spark.remote` set: a Spark Connect session to that server (a cluster's, or one you run);
   2. `spark.master` set: a classic session on that master (`local[4]`, `spark://...`, `yarn`);
   3. neither: the LOCAL Spark Connect server (`connect_server`), started once and then reused,
-     so every later run gets a session in ~1 s instead of booting a JVM (~10-15 s on 2 cores);
+     so every later run gets a session in ~1 s instead of booting a JVM (~10-15 s on 2 cores),
+     until it has gone `spark.local_server_idle_timeout` without a session (then it stops itself);
   4. fallback: when that server cannot start (no Java, a port problem, ...) a classic in-process
      `local[2]` session, with the reason logged. The job code is the same on every runtime: it
      uses only DataFrame APIs that Connect supports (no RDDs, SQL-expression strings rather than

@@ -84,7 +84,7 @@ def test_event_logs_are_new_files_and_the_oldest_go(tmp_path: Path) -> None:
 def test_command_output_sends_log_records_and_warnings_to_the_file(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     out, path = io.StringIO(), tmp_path / "logs" / "events.log"
-    root_handlers = list(logging.getLogger().handlers)
+    root_handlers, root_level = list(logging.getLogger().handlers), logging.getLogger().level
     with command_output(out, path):
         logging.getLogger("snapshot_assets.some_stage").warning("the slot is busy")
         logging.getLogger("alembic.runtime.migration").info("Context impl SQLiteImpl.")
@@ -94,4 +94,4 @@ def test_command_output_sends_log_records_and_warnings_to_the_file(tmp_path: Pat
     text = path.read_text()
     assert "WARNING snapshot_assets.some_stage - the slot is busy" in text
     assert "INFO alembic.runtime.migration - Context impl SQLiteImpl." in text and "a beta parameter" in text
-    assert logging.getLogger().handlers == root_handlers  # nothing left installed
+    assert logging.getLogger().handlers == root_handlers and logging.getLogger().level == root_level  # as it was

@@ -119,19 +119,25 @@ def test_run_once_on_a_terminal_redraws_one_line(work: Path) -> None:
 
 
 def test_demo_is_compact_and_says_what_it_leaves_running(work: Path) -> None:
-    done, seconds = run(work, "demo", "--dir", str(work / "demo"), "--cycles", "3", "--changes-per-cycle", "3600")
+    """The quick start's demo (five cycles, one re-base) reusing the warm server of the tests above."""
+    done, seconds = run(work, "demo", "--dir", str(work / "demo"))
     lines = done.stdout.splitlines()
     log = event_log(lines[0])
     assert log == work / "demo" / "events.log"
     assert_dagster_events(log, "snapshot_job", "diff_job")
     kept = results(lines[1:], seconds)
-    artifacts = [ln for ln in kept if re.match(rf"{TABLE}  (snapshot|diff) \(", ln)]
-    assert [a.split(" (")[0] for a in artifacts] == [f"{TABLE}  snapshot", f"{TABLE}  diff", f"{TABLE}  snapshot"]
-    assert sum(ln.startswith(f"{TABLE}  ingested") for ln in kept) == 3
-    # header + per cycle (ingested, artifact) + the manifest (12) + verify + 3 rebuilt + UI hint + what is left
-    assert len(kept) <= 1 + 3 * 2 + 14 + 1 + 3 + 2 + 1, kept
+    live = kept[:kept.index("")]  # the cycles; then the manifest, the checks and the last lines
+    assert live[0].startswith("demo: public.users from the generator, 5 cycles of 3000 changes")
+    ingested = [ln for ln in live if ln.startswith(f"{TABLE}  ingested ")]
+    artifacts = [ln for ln in live if re.match(rf"{TABLE}  (snapshot|diff) \(\w+\) to \S+: [\d,]+ \w+ in ", ln)]
+    assert len(ingested) == 5 and len(live) == 1 + len(ingested) + len(artifacts), live  # nothing else
+    assert artifacts[0].startswith(f"{TABLE}  snapshot (initial)")
+    assert sum(" snapshot (" in a for a in artifacts) >= 2, artifacts  # the demo's re-base
+    tail = kept[len(live):]
+    assert len(tail) <= 17 + len(artifacts), tail  # manifest (10 + a row per artifact), verify, 3 rebuilds, 2 last
     assert "DEBUG" not in done.stdout + done.stderr
     status = server_status(work / ".snapshotter" / "spark-connect")
     assert status is not None  # the server the first test started, reused warm, still running
     assert lines[-1].startswith(f"left running: the local Spark Connect server (pid {status.info.pid}, ")
-    assert re.search(r"it stops in \d+m\d+s unless a session starts \(10m00s idle\)", lines[-1]), lines[-1]
+    # the demo's configuration sets no idle time: the default, now recorded for the server it reused
+    assert re.search(r"it stops in 1\dm\d+s unless a session starts \(15m00s idle\)", lines[-1]), lines[-1]
