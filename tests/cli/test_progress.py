@@ -95,3 +95,16 @@ def test_command_output_sends_log_records_and_warnings_to_the_file(tmp_path: Pat
     assert "WARNING snapshot_assets.some_stage - the slot is busy" in text
     assert "INFO alembic.runtime.migration - Context impl SQLiteImpl." in text and "a beta parameter" in text
     assert logging.getLogger().handlers == root_handlers and logging.getLogger().level == root_level  # as it was
+
+
+def test_verbose_output_logs_to_the_terminal_and_leaves_dagster_console_on(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from snapshot_assets.definitions import defs
+
+    out = io.StringIO()
+    with command_output(out, None) as output:
+        logging.getLogger("snapshot_assets.some_stage").info("catching up")
+        assert output.event_log is None and not output.view.live
+        assert output.run_config(defs.resolve_job_def("snapshot_job"), "public.users") is None  # console logger on
+    assert out.getvalue() == ""  # no event log line: there is no file
+    assert "INFO snapshot_assets.some_stage - catching up" in capsys.readouterr().err
