@@ -448,14 +448,13 @@ class ServerStatus:
 
     def stop_rule(self) -> str:
         """When it stops, in words: `in 14m12s unless a session starts (15m00s idle)`, `never by itself (...)`."""
-        stop_now = "`snapshotter spark stop` ends it"
         stops_in, timeout = self.stops_in_s, self.info.idle_timeout_s
         if not self.watchdog_alive:
-            return f"never by itself (its watchdog is not running; {stop_now})"
+            return "never by itself (its watchdog is not running)"
         if timeout <= 0:
-            return f"never by itself (local_server_idle_timeout = 0; {stop_now})"
+            return "never by itself (local_server_idle_timeout = 0)"
         if stops_in is None:
-            return f"never by itself (sessions cannot be counted here; {stop_now})"
+            return "never by itself (sessions cannot be counted here)"
         if self.sessions:
             return f"after {human_duration(timeout)} without a session"
         return f"in {human_duration(stops_in)} unless a session starts ({human_duration(timeout)} idle)"
