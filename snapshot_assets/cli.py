@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import dagster as dg
@@ -32,6 +33,7 @@ from snapshot_assets.redaction import install_log_redaction, redact
 if TYPE_CHECKING:
     from snapshot_assets.launch import Launcher
     from snapshot_assets.pipeline.table import TablePipeline
+    from snapshot_assets.spark.connect_server import ServerStatus
 
 
 class CliError(Exception):
@@ -57,6 +59,21 @@ def _add_workspace_flags(p: argparse.ArgumentParser, why: str) -> None:
     g.add_argument("--workspace", default="workspace.yaml",
                    help="the workspace file naming the code location (default: workspace.yaml)")
     g.add_argument("--location", help="the code location in it (default: its only one)")
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--verbose", action="store_true",
+                   help="print Dagster's event log and the log records to the terminal instead of a file")
+    g.add_argument("--log-file", help="write the event log here (default: run: a new file under "
+                                      ".snapshotter/logs; demo: events.log in its --dir)")
+
+
+def _log_path(args: argparse.Namespace, default: Callable[[], Path]) -> Path | None:
+    """Where the command's event log goes: --log-file, else `default()`; None (the terminal) with --verbose."""
+    if args.verbose:
+        return None
+    return Path(args.log_file).absolute() if args.log_file else default()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,11 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
     once.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
     once.add_argument("--force-snapshot", action="store_true", help="start with a snapshot whatever the policy says")
     once.add_argument("--no-ingest", action="store_true", help="only archive what the buffer already holds")
+    _add_output_flags(once)
 
     demo = sub.add_parser("demo", help="the whole pipeline on embedded defaults (generator, local archive, Spark)")
     demo.add_argument("--dir", default=".snapshotter", help="the demo's working directory (recreated)")
     demo.add_argument("--cycles", type=int, default=5)
     demo.add_argument("--changes-per-cycle", type=int, default=3000)
+    _add_output_flags(demo)
+
+    spk = sub.add_parser("spark", help="the local Spark Connect server of this directory: status, stop")
+    spk.add_argument("action", choices=("status", "stop"))
+    spk.add_argument("--state-dir", help="the server's state directory (default: the one runs started in this "
+                                         "directory use)")
 
     st = sub.add_parser("status", help="per table: epoch, head, source lag, buffer, trigger, outbox, health")
     st.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -229,24 +253,65 @@ def dagster_instance() -> dg.DagsterInstance:
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from snapshot_assets.run_once import run_once
+    from snapshot_assets.run_output import DEFAULT_LOG_DIR, command_output, default_log_path
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     _use_config(args.config)
     config = load_config(args.config)
-    for outcome in run_once(config, args.table, instance=dagster_instance(), force=args.force_snapshot,
-                            ingest=not args.no_ingest):
-        wrote = ", ".join(outcome.artifacts) or "nothing new"
-        out.write(f"{outcome.table}: buffer at {outcome.ingested_to}, head {outcome.head or '-'}; wrote {wrote}\n")
+    with command_output(out, _log_path(args, lambda: default_log_path(DEFAULT_LOG_DIR.absolute(), "run-once"))) \
+            as output:
+        for outcome in run_once(config, args.table, instance=dagster_instance(), force=args.force_snapshot,
+                                ingest=not args.no_ingest, output=output):
+            wrote = ", ".join(outcome.artifacts) or "nothing new"
+            output.view.line(f"{outcome.table}: buffer at {outcome.ingested_to}, head {outcome.head or '-'}; "
+                             f"wrote {wrote}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    from pathlib import Path
-
     from snapshot_assets.demo import run_demo
 
-    logging.basicConfig(level=logging.WARNING)
-    return run_demo(out, workdir=Path(args.dir).resolve(), cycles=args.cycles, per_cycle=args.changes_per_cycle)
+    workdir = Path(args.dir).resolve()
+    return run_demo(out, workdir=workdir, cycles=args.cycles, per_cycle=args.changes_per_cycle,
+                    log_path=_log_path(args, lambda: workdir / "events.log"))
+
+
+def cmd_spark(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.spark.connect_server import (
+        DEFAULT_STATE_DIR,
+        last_stop,
+        server_status,
+        stop_local_connect_server,
+    )
+
+    state_dir = args.state_dir or DEFAULT_STATE_DIR
+    status = server_status(state_dir)
+    if args.action == "stop":
+        stopped = stop_local_connect_server(state_dir)
+        out.write(f"stopped the local Spark Connect server (pid {status.info.pid})\n" if stopped and status
+                  else "stopped the local Spark Connect server\n" if stopped
+                  else f"no local Spark Connect server runs under {state_dir}\n")
+        return 0
+    if status is None:
+        why = last_stop(state_dir)
+        out.write(f"no local Spark Connect server runs under {state_dir}"
+                  f"{f' (the last one stopped: {why})' if why else ''}\n")
+        return 0
+    out.write(render_server_status(status))
+    return 0
+
+
+def render_server_status(status: ServerStatus) -> str:
+    """`snapshotter spark status` of a running server, one fact per line."""
+    from snapshot_assets.spark.connect_server import human_duration
+
+    info, idle = status.info, status.idle_s
+    sessions = "unknown (connections cannot be counted here)" if status.sessions is None else str(status.sessions)
+    idle_text = "no (in use)" if status.sessions else human_duration(idle) if idle is not None else "unknown"
+    rows = [("pid", str(info.pid)), ("port", str(info.port)), ("uptime", human_duration(status.uptime_s)),
+            ("sessions", sessions), ("idle", idle_text),
+            ("rss", f"{status.rss_bytes / 2**20:.0f} MiB" if status.rss_bytes else "unknown"),
+            ("stops", status.stop_rule()), ("log", info.log_path)]
+    return "".join(f"{name:<9}{value}\n" for name, value in rows)
 
 
 def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
@@ -330,7 +395,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
 
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
-            "serve": cmd_serve, "serve-metrics": cmd_serve}
+            "serve": cmd_serve, "serve-metrics": cmd_serve, "spark": cmd_spark}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
