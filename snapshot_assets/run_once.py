@@ -23,11 +23,13 @@ from resources.buffer import BufferReader
 from resources.buffer_resource import buffer_storage
 from snapshot_assets.archive.positions import comparator, format_lsn
 from snapshot_assets.config import SnapshotterConfig, TableConfig
+from snapshot_assets.pipeline.diff_size import MeasuringSpark, diff_size
 from snapshot_assets.progress import LiveView, rate
 from snapshot_assets.run_output import RunOutput
 from snapshot_assets.services import ingest_table
 
 log = logging.getLogger(__name__)
+RUN_MEASURE_BUDGET_S = 300.0  # seconds `run --once` may spend measuring pending diffs (it runs Spark anyway)
 
 
 @dataclass
@@ -169,17 +171,23 @@ def _durable(reader: BufferReader) -> str | None:
 
 
 def catch_up(defs: dg.Definitions, table: str, *, instance: dg.DagsterInstance, force: bool = False,
-             max_artifacts: int = 10, output: RunOutput | None = None) -> TableOutcome:
+             max_artifacts: int = 10, output: RunOutput | None = None,
+             measuring: MeasuringSpark | None = None) -> TableOutcome:
     """Materialize artifacts until the sensor's decision says there is nothing left to write.
 
     With `output`, each run is watched by it (live view, event log file); without, Dagster logs as
-    it is configured to (its console logger)."""
+    it is configured to (its console logger). With `measuring`, the size triggers judge the pending
+    diff's encoded size as the sensor's do (else the buffer's bytes)."""
     from snapshot_assets.tables import FROM_TAG, TABLE_TAG, TO_TAG, TRIGGER_TAG, pipeline
 
     pipe = pipeline(table)
     outcome = TableOutcome(table, pipe.buffer().durable_position())
     for i in range(max_artifacts):
-        nxt = pipe.decide(force=force and i == 0)
+        sizes = None
+        if measuring is not None:
+            stand_in = pipe.buffer().stats(pipe.manifest().head_position or None).bytes
+            sizes = diff_size(pipe, measuring, stand_in, log)
+        nxt = pipe.decide(force=force and i == 0, diff_size=sizes)
         if nxt.kind == "none":
             break
         job = defs.resolve_job_def("diff_job" if nxt.kind == "diff" else "snapshot_job")
@@ -201,10 +209,17 @@ def run_once(config: SnapshotterConfig, tables: Sequence[str] = (), *, instance:
     from snapshot_assets.definitions import defs
 
     chosen = [config.table(t) for t in tables] if tables else list(config.tables)
+    sized = any(t.policy.max_diff_bytes or t.policy.max_diff_fraction for t in chosen)
+    measuring = MeasuringSpark(config.spark, budget_s=RUN_MEASURE_BUDGET_S) if sized else None
     outcomes = []
-    for table in chosen:
-        if ingest:
-            ingested = ingest_until_caught_up(table, view=output.view if output is not None else None)
-            log.info("%s: buffer durable at %s", table.name, ingested)
-        outcomes.append(catch_up(defs, table.name, instance=instance, force=force, output=output))
+    try:
+        for table in chosen:
+            if ingest:
+                ingested = ingest_until_caught_up(table, view=output.view if output is not None else None)
+                log.info("%s: buffer durable at %s", table.name, ingested)
+            outcomes.append(catch_up(defs, table.name, instance=instance, force=force, output=output,
+                                     measuring=measuring))
+    finally:
+        if measuring is not None:
+            measuring.close()
     return outcomes
