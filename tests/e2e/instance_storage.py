@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import boto3
-import dagster as dg
 import yaml  # type: ignore[import-untyped]  # (no stubs installed; only safe_load/safe_dump used)
 
 from tests.e2e.conftest import REPO
@@ -36,9 +36,9 @@ class InstanceStorage:
 
     name: str
     yaml: Path
+    # (DAGSTER_HOME, the run ids the test saw) -> asserts those runs are stored where this storage says
+    verify: Callable[[Path, set[str]], None]
     env: dict[str, str] = field(default_factory=dict)
-    # (instance, DAGSTER_HOME, the run ids the test saw) -> asserts the runs are stored here
-    verify: Callable[[dg.DagsterInstance, Path, set[str]], None] = lambda instance, home, run_ids: None
 
     def run_queue(self) -> dict[str, Any]:
         """The `run_queue` block of the dagster.yaml (empty when it has none)."""
@@ -56,12 +56,16 @@ class InstanceStorage:
         return str(yaml.safe_dump(config, sort_keys=False))
 
 
-def _verify_sqlite(instance: dg.DagsterInstance, home: Path, run_ids: set[str]) -> None:
-    assert (home / "history" / "runs.db").is_file(), "no SQLite run storage under DAGSTER_HOME"
+def _verify_sqlite(home: Path, run_ids: set[str]) -> None:
+    database = home / "history" / "runs.db"
+    assert database.is_file(), "no SQLite run storage under DAGSTER_HOME"
+    with contextlib.closing(sqlite3.connect(database)) as conn:
+        stored = {row[0] for row in conn.execute("SELECT run_id FROM runs")}
+    assert run_ids and run_ids <= stored, f"runs missing from {database}: {sorted(run_ids - stored)}"
 
 
 def sqlite_storage() -> InstanceStorage:
-    return InstanceStorage("sqlite", LOCAL_YAML, verify=_verify_sqlite)
+    return InstanceStorage("sqlite", LOCAL_YAML, _verify_sqlite)
 
 
 @contextlib.contextmanager
@@ -86,7 +90,7 @@ def postgres_storage(cluster: PgCluster, s3_endpoint: str, bucket: str, tmp: Pat
         "TMPDIR": str(tmp),  # where the compute log manager stages step output before the upload
     }
 
-    def verify(instance: dg.DagsterInstance, home: Path, run_ids: set[str]) -> None:
+    def verify(home: Path, run_ids: set[str]) -> None:
         assert not (home / "history").exists(), "SQLite run storage appeared under DAGSTER_HOME"
         conn = cluster.connect(dbname=database)
         try:
@@ -103,7 +107,7 @@ def postgres_storage(cluster: PgCluster, s3_endpoint: str, bucket: str, tmp: Pat
         assert logged, f"no run's compute logs in s3://{bucket}/{COMPUTE_LOGS_PREFIX}/"
 
     try:
-        yield InstanceStorage("postgres", POSTGRES_YAML, env, verify)
+        yield InstanceStorage("postgres", POSTGRES_YAML, verify, env)
     finally:
         admin = cluster.connect(dbname="postgres")
         try:

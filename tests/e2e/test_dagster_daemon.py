@@ -525,7 +525,8 @@ def test_dagster_webserver_and_daemon(workdir: Path, instance_storage: InstanceS
             pytest.fail("runs kept appearing after the sensors were stopped")
         # The injected fault may also have failed an earlier boundary of the quiet table (its first
         # snapshot requested before its one transaction was durable); every other run succeeds.
-        unsuccessful = [r.run_id for r in runs(instance) if r.job_name != "ingest_job"
+        unsuccessful = [(r.run_id, r.job_name, r.tags.get(PARTITION_TAG), r.status.value) for r in runs(instance)
+                        if r.job_name != "ingest_job"
                         and r.status != dg.DagsterRunStatus.SUCCESS and r.run_id not in blocked_failures]
         assert not unsuccessful, f"artifact runs did not succeed: {unsuccessful}"
         client.terminate_run(ingest.run_id)
@@ -535,7 +536,7 @@ def test_dagster_webserver_and_daemon(workdir: Path, instance_storage: InstanceS
         durable = BufferReader(table.buffer.path, table.name).durable_position()
         assert durable is not None and compare_lsn(durable, after.head_position) >= 0
 
-        instance_storage.verify(instance, home, {r.run_id for r in runs(instance)})
+        instance_storage.verify(home, {r.run_id for r in runs(instance)})
 
         codes = {p.name: stop_service(p) for p in reversed(procs)}
     for name, code in codes.items():
