@@ -40,6 +40,7 @@ from snapshot_assets.spark.connect_server import SERVER_CLASS
 from tests.deploy.deploy_files import (
     COMPOSE,
     DEPLOY,
+    Instruction,
     dagster_yaml_env_names,
     dockerfile_env,
     dockerfile_instructions,
@@ -64,7 +65,7 @@ START_DEADLINE_S: Final = 180.0
 
 
 @pytest.fixture(scope="module")
-def instructions() -> list[Any]:
+def instructions() -> list[Instruction]:
     return dockerfile_instructions()
 
 
@@ -82,7 +83,7 @@ def image_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, A
 # --- the Dockerfile ---------------------------------------------------------------------------
 
 
-def test_dockerfile_copies_existing_files_and_every_package(instructions: list[Any]) -> None:
+def test_dockerfile_copies_existing_files_and_every_package(instructions: list[Instruction]) -> None:
     sources = [source for source, _ in copied_sources(instructions)]
     assert sources, "the Dockerfile copies nothing"
     missing = [s for s in sources if not (REPO / s).exists()]
@@ -93,7 +94,7 @@ def test_dockerfile_copies_existing_files_and_every_package(instructions: list[A
     assert not [n for n in needed if n not in sources], f"the install needs {needed}, the image copies {sources}"
 
 
-def test_dockerfile_installs_through_the_tests_setup_script(instructions: list[Any]) -> None:
+def test_dockerfile_installs_through_the_tests_setup_script(instructions: list[Instruction]) -> None:
     runs = [i.args for i in instructions if i.keyword == "RUN"]
     assert "bash scripts/setup.sh" in runs, runs
     assert "bash scripts/setup.sh" in (REPO / "scripts" / "test.sh").read_text(), "the tests install otherwise"
@@ -113,7 +114,7 @@ def test_dockerfile_installs_through_the_tests_setup_script(instructions: list[A
 # --- the compose file: commands ---------------------------------------------------------------
 
 
-def _check_files(params: dict[str, Any], instructions: list[Any], what: str) -> None:
+def _check_files(params: dict[str, Any], instructions: list[Instruction], what: str) -> None:
     for name in FILE_PARAMS:
         values = params.get(name) or ()
         for value in (values,) if isinstance(values, str) else values:
@@ -121,7 +122,7 @@ def _check_files(params: dict[str, Any], instructions: list[Any], what: str) -> 
             assert path is not None and path.is_file(), f"{what}: {value} is not a repository file in the image"
 
 
-def check_command(argv: list[str], instructions: list[Any], what: str) -> dict[str, Any]:
+def check_command(argv: list[str], instructions: list[Instruction], what: str) -> dict[str, Any]:
     """`argv` runs an installed console script whose CLI accepts the arguments; its parsed parameters."""
     program, *args = argv
     if program == "spark-submit":  # installed by pyspark into the venv's bin, not an entry point
@@ -155,7 +156,7 @@ def check_command(argv: list[str], instructions: list[Any], what: str) -> dict[s
 
 
 def test_every_command_of_the_image_is_an_entry_point_that_accepts_it(
-        services: dict[str, dict[str, Any]], instructions: list[Any]) -> None:
+        services: dict[str, dict[str, Any]], instructions: list[Instruction]) -> None:
     ours = image_services(services)
     assert sorted(ours) == sorted(IMAGE_SERVICES), sorted(ours)
     for name, spec in ours.items():
@@ -170,7 +171,7 @@ def test_every_command_of_the_image_is_an_entry_point_that_accepts_it(
 
 
 def test_the_sensor_the_ingest_service_replaces_exists(services: dict[str, dict[str, Any]],
-                                                      instructions: list[Any]) -> None:
+                                                      instructions: list[Instruction]) -> None:
     from snapshot_assets.definitions import defs
 
     params = check_command(services["ingest-supervisor-off"]["command"], instructions, "ingest-supervisor-off")
@@ -189,7 +190,7 @@ def test_every_external_image_is_pinned_to_a_name(services: dict[str, dict[str, 
 
 
 def test_services_agree_on_hosts_ports_and_names(services: dict[str, dict[str, Any]],
-                                                 instructions: list[Any]) -> None:
+                                                 instructions: list[Instruction]) -> None:
     for name, spec in services.items():
         depends = spec.get("depends_on", [])
         assert set(depends) <= set(services), f"{name} depends on unknown services {depends}"
