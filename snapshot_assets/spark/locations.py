@@ -173,6 +173,19 @@ class Location:
                     names.append(name)
         return sorted(names)
 
+    def folders(self) -> list[str]:
+        """Names of the folders directly in this one, sorted."""
+        if not self.remote:
+            folder = Path(self.uri)
+            return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+        where = self._s3()
+        client = where.connection.client(f"build location {self.uri}")
+        names: list[str] = []
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=where.prefix,
+                                                                     Delimiter="/"):
+            names.extend(item["Prefix"][len(where.prefix):].rstrip("/") for item in page.get("CommonPrefixes", []))
+        return sorted(names)
+
     def delete(self, name: str) -> None:
         """Delete file `name` of this folder if it is there."""
         if not self.remote:

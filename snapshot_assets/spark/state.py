@@ -379,6 +379,27 @@ class StateBase:
         return starts
 
 
+def prune_state(root: Path | str | Location, epoch: int) -> None:
+    """Keep only the STATE dataset of `epoch` (the newest snapshot's), the bucket files it names and
+    the deltas of its epoch (the head) under the state root `root`, local or in S3."""
+    where = Location.of(root)
+    keep = f"epoch={epoch}"
+    for name in where.folders():
+        if name.startswith("epoch=") and name != keep:
+            (where / name).clear()
+    for name in (where / "deltas").folders():
+        if name != keep:
+            (where / "deltas" / name).clear()
+    state = StateBase.load(where / keep)
+    if state is None:
+        return
+    kept = {uri.rsplit("/", 1)[-1] for uri in state.files()}
+    pool = where / "buckets"
+    for name in pool.list_files(".parquet"):
+        if name not in kept:
+            pool.delete(name)
+
+
 def bucket_count(rows: int, jsonl_bytes: int, bucket_bytes: int = TARGET_BUCKET_BYTES) -> int:
     return max(1, math.ceil(jsonl_bytes / bucket_bytes)) if rows else 1
 
