@@ -18,13 +18,15 @@ Sources, fastest first:
   * `FrameBase`: a table computed in this run (a base advanced by buffer changes, `window.advance`).
 `choose_base` picks one for a snapshot at `to_position` and the buffer segments that follow it.
 The state, its deltas and the buffer's segments are local folders or S3 locations (locations.py:
-on a cluster the tasks read them from S3 themselves); an artifact base is read from local paths or
-`file://` URIs.
+on a cluster the tasks read them from S3 themselves); an artifact base is read from local paths,
+`file://` URIs, or `s3://` objects that the tasks read themselves.
 """
 
 from __future__ import annotations
 
 import functools
+import io
+import itertools
 import os
 import shutil
 import urllib.parse
@@ -47,6 +49,7 @@ from snapshot_assets.archive.keys import typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
 from snapshot_assets.spark.effects import NET_DDL, STATE_DDL, encode_row, key_json, read_window
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
+from snapshot_assets.spark.remote_io import input_file, is_s3
 from snapshot_assets.spark.state import StateBase, encode_net
 
 __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
@@ -251,32 +254,48 @@ class FrameBase:
         return f"{self.origin} advanced to {self.position}"
 
 
+def _keyed_lines(lines: Iterable[str | None], key_fields: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(key, text) of each jsonl snapshot line, the line's own text kept as the row's bytes."""
+    rows: list[tuple[str, str]] = []
+    for line in lines:
+        text = line.rstrip("\r\n") if line else line
+        if not text:
+            continue
+        row = gojson.loads(text)
+        if not isinstance(row, dict):
+            raise CorruptArtifact(f"snapshot line is not a JSON object: {text[:80]!r}")
+        rows.append(keyed(row, key_fields, text))
+    return rows
+
+
 def _jsonl_lines(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[Any]:
     for batch in batches:
-        rows: list[tuple[str, str]] = []
-        for line in batch.column("value").to_pylist():
-            text = line.rstrip("\r") if line else line
-            if not text:
-                continue
-            row = gojson.loads(text)
-            if not isinstance(row, dict):
-                raise CorruptArtifact(f"snapshot line is not a JSON object: {text[:80]!r}")
-            rows.append(keyed(row, key_fields, text))
-        yield _state_batch(rows)
+        yield _state_batch(_keyed_lines(batch.column("value").to_pylist(), key_fields))
 
 
-def _snapshot_files(batches: Iterable[Any], format_id: str, key_fields: tuple[str, ...]) -> Iterator[Any]:
+def _open(path: str, s3: S3Connection | None) -> Any:
+    """A file of an artifact: a local path, or an object a task reads from S3 itself."""
+    return input_file(path, s3) if is_s3(path) else open(path, "rb")
+
+
+def _snapshot_files(batches: Iterable[Any], format_id: str, key_fields: tuple[str, ...],
+                    s3: S3Connection | None = None) -> Iterator[Any]:
     fmt = get_format(format_id)
     for batch in batches:
         for path in batch.column("path").to_pylist():
-            rows: list[tuple[str, str]] = []
-            with open(path, "rb") as src:
+            with _open(path, s3) as src:
+                if format_id == "jsonl":  # an object in S3: its lines, streamed
+                    lines = io.TextIOWrapper(io.BufferedReader(src), encoding="utf-8")
+                    while chunk := list(itertools.islice(lines, 4096)):
+                        yield _state_batch(_keyed_lines(chunk, key_fields))
+                    continue
+                rows: list[tuple[str, str]] = []
                 for row in fmt.read_snapshot(src):
                     rows.append(keyed(row, key_fields))
                     if len(rows) >= 4096:
                         yield _state_batch(rows)
                         rows = []
-            yield _state_batch(rows)
+                yield _state_batch(rows)
 
 
 def files_frame(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
@@ -292,14 +311,15 @@ class ArtifactBase:
     paths: tuple[str, ...]
     format_id: str
     position: str
+    s3: S3Connection | None = None  # signs the reads of objects in S3 (`s3://` paths, read by the tasks)
 
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
         fields = tuple(key_fields)
-        paths = [local_path(p) for p in self.paths]
-        if self.format_id == "jsonl":
+        paths = [p if is_s3(p) else local_path(p) for p in self.paths]
+        if self.format_id == "jsonl" and not any(is_s3(p) for p in paths):
             func = functools.partial(_jsonl_lines, key_fields=fields)
             return spark.read.text(paths).mapInArrow(func, STATE_DDL)
-        func = functools.partial(_snapshot_files, format_id=self.format_id, key_fields=fields)
+        func = functools.partial(_snapshot_files, format_id=self.format_id, key_fields=fields, s3=self.s3)
         return files_frame(spark, paths).mapInArrow(func, STATE_DDL)
 
     def describe(self) -> str:

@@ -35,11 +35,12 @@ from snapshot_assets.archive.formats import FORMATS, get_format
 from snapshot_assets.archive.formats.parquet import SPARK_SCHEMA_KEY
 from snapshot_assets.archive.positions import compare_lsn
 from snapshot_assets.spark.assemble import artifact_key, assemble
-from snapshot_assets.spark.bases import BufferSnapshotBase, DeltaSet, LayeredBase, choose_base
+from snapshot_assets.spark.bases import ArtifactBase, BufferSnapshotBase, DeltaSet, LayeredBase, choose_base
 from snapshot_assets.spark.diff import build_diff
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parts import BuiltArtifact
 from snapshot_assets.spark.pieces import Targets
+from snapshot_assets.spark.session import CONNECT_MODE
 from snapshot_assets.spark.snapshot import build_snapshot
 from snapshot_assets.spark.state import StateBase
 from tests.aws.conftest import start_moto
@@ -117,13 +118,19 @@ def _objects(dest: Destination) -> dict[str, bytes]:
 
 def _parquet_view(data: bytes, kind: str) -> tuple[Any, ...]:
     """What a parquet artifact says, whoever wrote it: Arrow schema and rows, Spark's schema JSON
-    (the columns' encodings), and the rows the project's reader makes of it."""
+    (the columns' encodings), and the rows the project's reader makes of it. A snapshot's rows are
+    compared as a set: the local runtime's Spark reader packs the state's bucket files by size, so
+    its file is not in key order (nothing reads a snapshot in order); a diff's order is fixed."""
     table = pq.read_table(io.BytesIO(data))
     fmt = get_format("parquet")
-    read = list(fmt.read_snapshot(io.BytesIO(data))) if kind == "snapshot" else \
-        [(c.action, c.key, c.old, c.new) for c in fmt.read_diff(io.BytesIO(data))]
     spark_schema = json.loads((table.schema.metadata or {})[SPARK_SCHEMA_KEY])
-    return table.schema.remove_metadata(), table.to_pylist(), spark_schema, read
+    if kind == "snapshot":
+        rows = sorted(table.to_pylist(), key=repr)
+        read: list[Any] = sorted(fmt.read_snapshot(io.BytesIO(data)), key=repr)
+    else:
+        rows = table.to_pylist()
+        read = [(c.action, c.key, c.old, c.new) for c in fmt.read_diff(io.BytesIO(data))]
+    return table.schema.remove_metadata(), rows, spark_schema, read
 
 
 def _signed(recording: Path) -> list[tuple[str, str, str]]:
@@ -138,15 +145,12 @@ def _signed(recording: Path) -> list[tuple[str, str, str]]:
 
 
 def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
-        spark_cluster: SparkCluster, cluster_spark: Any, spark: Any, tmp_path: Path) -> None:
+        spark_cluster: SparkCluster, cluster_spark: Any, spark: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     g = generate(tmp_path / "buffer", seed=29, rows=2500, changes=2400, seal_changes=300, identity="default",
                  pk_change=0.02)
     ends = [b for b in g.boundaries if compare_lsn(b, g.resyncs[0]) > 0]
     positions = (ends[len(ends) // 3], ends[len(ends) // 2], ends[2 * len(ends) // 3], ends[2 * len(ends) // 3 + 4])
-
-    local = Runtime(spark, LocalDestination(tmp_path / "archive"), lambda name: tmp_path / "local" / name,
-                    lambda ref: ref, None, on_cluster=False)
-    local_built = _chain(local, g, positions)
 
     moto = start_moto(tmp_path, record=True)
     try:
@@ -161,14 +165,30 @@ def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
                          lambda name: Location(f"s3://{BUCKET}/work/{name}", connection),
                          lambda ref: dataclasses.replace(ref, path=f"s3://{BUCKET}/{segment_key}{Path(ref.path).name}"),
                          connection, on_cluster=True)
-        cluster_built = _chain(remote, g, positions)
+        with monkeypatch.context() as mode:  # this process also holds a classic session (the local run)
+            mode.setenv(CONNECT_MODE, "1")
+            cluster_built = _chain(remote, g, positions)
+            # The same table from the first snapshot's jsonl object in S3 (a lost state's fallback),
+            # read by the tasks: a full build whose jsonl equals the incremental re-base's.
+            snap1_jsonl = f"s3://{BUCKET}/{PREFIX}{artifact_key('', cluster_built[0], 1, '.jsonl')}"
+            again = build_snapshot(
+                cluster_spark, ArtifactBase((snap1_jsonl,), "jsonl", positions[0], connection),
+                [remote.segment(s) for s in g.reader.segments(positions[0], positions[3])], positions[3], KEY_FIELDS,
+                ("jsonl",), remote.place("staging"), remote.place("state/epoch=3"), bucket_bytes=BUCKET_BYTES,
+                targets=Targets((remote.dest,), "again/", 3), buffer_s3=connection)
+            assemble(again, [remote.dest], "again/", 3)
         on_s3 = _objects(remote.dest)
+        from_artifact = remote.dest.get(artifact_key("again/", again, 3, ".jsonl"))
         record = _signed(moto.recording)
         leftovers = s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])
         staged_left = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX).get("Contents", [])
                        if ".parts-" in o["Key"]]
     finally:
         moto.stop()
+
+    local = Runtime(spark, LocalDestination(tmp_path / "archive"), lambda name: tmp_path / "local" / name,
+                    lambda ref: ref, None, on_cluster=False)
+    local_built = _chain(local, g, positions)
 
     on_disk = _objects(local.dest)
     assert sorted(on_s3) == sorted(on_disk) and len(on_disk) == 4 * len(ALL)
@@ -179,6 +199,8 @@ def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
         else:
             assert on_s3[key] == data, key
     assert not leftovers and not staged_left  # every upload completed, its staged heads dropped
+    assert again.details["mode"] == "full" and from_artifact is not None
+    assert from_artifact.data == on_disk[artifact_key(PREFIX, local_built[-1], 2, ".jsonl")]
 
     for built in (local_built[-1], cluster_built[-1]):  # the re-base rewrote only the buckets it touched
         assert built.details["mode"] == "incremental"
