@@ -25,7 +25,8 @@ and no hadoop-aws for Spark's writer to reach S3) the one task holding every row
 with Arrow's writer, Spark's schema JSON under Spark's footer key, and sends it straight into the
 destinations: same rows, columns and encodings, other bytes (another writer's pages and footer).
 A diff is sorted (TRUNCATE first, then by key), so its bytes do not depend on the shuffle;
-a snapshot keeps the order of the frame it is given (the state's files, read in order), or is
+a snapshot keeps the order of the frame it is given (the state's files as the reader hands them:
+Spark's own reader packs files by size, the tasks reading S3 take them in bucket order), or is
 sorted by key when asked (`order_by`), which also lets an expensive upstream run in parallel.
 
 Schemaless sources: `infer_row_schema` classifies every member of every row (one aggregation in
