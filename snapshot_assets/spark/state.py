@@ -17,6 +17,10 @@ re-base rewrites only the buckets its changes fall in: the others keep their fil
 in the new snapshot object are copied from the previous snapshot object (`SnapshotPieces`), so a
 re-base costs what changed.
 
+The state root is a local folder or an S3 location (locations.py): the tasks write and read the
+bucket files themselves (Arrow's filesystem), the driver only the marker, and the bucket paths in
+the marker are full URIs, so a cluster whose hosts share only S3 reads and writes the same state.
+
 Bucket bounds are fixed when a full build writes the state (sampled quantiles of sk, about
 `TARGET_BUCKET_BYTES` of jsonl per bucket) and kept by the incremental builds after it; a bucket that
 grows past `MAX_GROWTH` times the target makes the next build a full one, which re-balances.

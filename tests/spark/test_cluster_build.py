@@ -64,10 +64,10 @@ class Runtime:
     place: Callable[[str], Path | Location]
     segment: Callable[[SegmentRef], SegmentRef]
     buffer_s3: S3Connection | None
-    on_cluster: bool
+    sends: bool  # the tasks send their pieces into the destination (the build gets its targets)
 
     def targets(self, epoch: int) -> Targets | None:
-        return Targets((self.dest,), PREFIX, epoch) if self.on_cluster else None
+        return Targets((self.dest,), PREFIX, epoch) if self.sends else None
 
 
 def _chain(rt: Runtime, g: Generated, positions: tuple[str, str, str, str]) -> list[BuiltArtifact]:
@@ -161,10 +161,10 @@ def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
         for ref in g.reader.all_segments():  # what the S3 buffer storage holds
             s3.upload_file(ref.path, BUCKET, segment_key + Path(ref.path).name)
         moto.recording.write_text("")
-        remote = Runtime(cluster_spark, S3Destination(BUCKET, PREFIX, endpoint_url=moto.url, path_style=True),
+        remote = Runtime(cluster_spark, S3Destination(BUCKET, endpoint_url=moto.url, path_style=True),
                          lambda name: Location(f"s3://{BUCKET}/work/{name}", connection),
                          lambda ref: dataclasses.replace(ref, path=f"s3://{BUCKET}/{segment_key}{Path(ref.path).name}"),
-                         connection, on_cluster=True)
+                         connection, sends=True)
         with monkeypatch.context() as mode:  # this process also holds a classic session (the local run)
             mode.setenv(CONNECT_MODE, "1")
             cluster_built = _chain(remote, g, positions)
@@ -187,7 +187,7 @@ def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
         moto.stop()
 
     local = Runtime(spark, LocalDestination(tmp_path / "archive"), lambda name: tmp_path / "local" / name,
-                    lambda ref: ref, None, on_cluster=False)
+                    lambda ref: ref, None, sends=False)
     local_built = _chain(local, g, positions)
 
     on_disk = _objects(local.dest)
@@ -217,3 +217,22 @@ def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
     assert segment_reads == bucket_writes == head_writes == {EXECUTOR_ACCESS_KEY}
     markers = {key for method, url, key in record if method == "PUT" and "_snapshotter_state.json" in url}
     assert markers == {"testing"}
+
+
+def test_targets_on_a_local_runtime_send_the_pieces_into_a_local_destination(spark: Any, tmp_path: Path) -> None:
+    """The same chain on the local runtime, once staging pieces for the driver to upload and once with
+    the tasks sending them into a local destination's uploads: the same objects, byte for byte (parquet
+    too: both written by Spark's writer into the local staging folder)."""
+    g = generate(tmp_path / "buffer", seed=31, rows=400, changes=500, seal_changes=100)
+    ends = [b for b in g.boundaries if compare_lsn(b, g.resyncs[0]) > 0]
+    positions = (ends[len(ends) // 4], ends[len(ends) // 2], ends[3 * len(ends) // 4], ends[-1])
+    objects = []
+    for name, sends in (("staged", False), ("sent", True)):
+        rt = Runtime(spark, LocalDestination(tmp_path / name / "archive"),
+                     lambda place, name=name: tmp_path / name / place,
+                     lambda ref: ref, None, sends=sends)
+        _chain(rt, g, positions)
+        objects.append(_objects(rt.dest))
+        assert not list((tmp_path / name / "archive").rglob("*.parts-*"))  # staged heads dropped
+    assert sorted(objects[0]) == sorted(objects[1]) and len(objects[0]) == 4 * len(ALL)
+    assert all(objects[0][k] == objects[1][k] for k in objects[0])
