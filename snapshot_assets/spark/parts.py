@@ -142,10 +142,10 @@ def _snapshot_task(batches: Iterable[Any], staging_dir: str, formats: tuple[str,
     return write_items(_rows(batches), staging_dir, formats, task_index(), "snapshot", key_fields)
 
 
-def encode_snapshot_parts(state: DataFrame, staging_dir: Path | str, formats: Sequence[str],
+def encode_snapshot_parts(state: DataFrame, staging_dir: Path | str | Location, formats: Sequence[str],
                           key_fields: Sequence[str]) -> list[Any]:
-    """Encode a state DataFrame (column `row`) as snapshot parts, one per partition and format;
-    returns the collected part rows."""
+    """Encode a state DataFrame (column `row`) as snapshot parts, one per partition and format, in a
+    local staging folder; returns the collected part rows."""
     func = functools.partial(_snapshot_task, staging_dir=str(staging_dir), formats=tuple(formats),
                              key_fields=tuple(key_fields))
     return list(state.select("row").mapInArrow(func, PART_DDL).collect())
