@@ -9,14 +9,13 @@ same operations with the same guarantees: atomic whole-object writes, conditiona
 (`put_if`) for compare-and-swap, listing by prefix.
 
 Each part of the working state gets its own sub-destination (`PrefixedDestination`): a view of the
-root under a key prefix, sharing the root's client. Scratch space that never needs to be seen by
-another host (the temp file a segment is written into before it is published, a downloaded
-previous snapshot) stays local: `local_scratch`.
+root under a key prefix, sharing the root's client; Spark reaches the same places by `location`.
+Scratch space that never needs to be seen by another host (the temp file a segment is written into
+before it is published) stays in the host's TMPDIR: `scratch_file`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -122,17 +121,6 @@ class WorkRoot:
         if self.is_s3:
             return self.path.rstrip("/") + "/" + sub
         return str(Path(self.path) / sub)
-
-    def local_scratch(self, sub: str) -> Path:
-        """A local directory for what only this host needs (downloads, spools), per root and `sub`.
-
-        A local root keeps it inside the root (as before); an S3 root keeps it under the host's
-        temp directory, named by the root so two roots never share one.
-        """
-        if not self.is_s3:
-            return Path(self.path) / sub
-        digest = hashlib.sha256(self.path.encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"snapshotter-{digest}" / sub
 
 
 def scratch_file(prefix: str) -> BinaryIO:

@@ -8,8 +8,8 @@ measured with the before-images and unchanged values the diff will carry. Then
 `spark.diff_size.encoded_diff_bytes` sums the encoded lengths where the rows are.
 
 The primary format is the first of `formats.diff` (laredo measures the diff it serializes,
-which is its first format). The measurement's scratch space (`_measure/<table>` in the host's
-scratch space) is removed afterwards.
+which is its first format). The measurement's scratch space (`_measure/<table>` under the working
+root, where every executor reaches it) is removed afterwards.
 
 `MeasuringSpark` is the session the deciders measure with, within a time budget: the re-base
 trigger sensor's tick (a short budget, inside Dagster's sensor timeout) and `snapshotter run
@@ -20,7 +20,6 @@ decision's `DiffSize`, falling back to the buffer's bytes when Spark cannot answ
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from typing import Any
@@ -42,7 +41,7 @@ class SparkDiffSize:
     def __init__(self, spark: Any, pipe: TablePipeline) -> None:
         self.spark = spark
         self.pipe = pipe
-        self.scratch = pipe.work.local_scratch(f"_measure/{pipe.name}")
+        self.scratch = pipe.location(f"_measure/{pipe.name}")
 
     def __call__(self, from_position: str, to_position: str) -> int:
         from snapshot_assets.spark.diff_size import encoded_diff_bytes
@@ -54,15 +53,16 @@ class SparkDiffSize:
         m = pipe.manifest()
         if from_position != m.head_position:
             raise ValueError(f"{pipe.name}: cannot measure a diff from {from_position}: the head is {m.head_position}")
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.scratch.clear()
         try:
             base = pipe.diff_base(spark, m, self.scratch / "_catch_up")  # the diff build's own base
             window = net_window(spark, pipe.buffer().segments(from_position, to_position), base, pipe.key_fields,
-                                partitions=default_partitions(spark), scratch=self.scratch / "_work")
+                                partitions=default_partitions(spark), scratch=self.scratch / "_work",
+                                s3=pipe.work.connection)
             fmt = primary_diff_format(pipe)
             size = encoded_diff_bytes(window.net, window.truncated, fmt, pipe.key_fields)
         finally:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch.clear()
         log.info("%s: the diff (%s, %s] would be %d bytes of %s (measured in %.2fs)", pipe.name, from_position,
                  to_position, size, fmt, time.monotonic() - started)
         return size

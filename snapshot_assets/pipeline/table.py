@@ -8,10 +8,10 @@ Working state lives under the working root beside the buffer (`buffer.path`, a l
 an S3 prefix: resources/work_storage.py): `_state/<table>/epoch=N` (the STATE
 dataset of each snapshot) and `_state/<table>/deltas/epoch=N/<from>-<to>` (each diff's net changes:
 with them the state is current at every committed position, the base of the next diff and
-snapshot), `_outbox/` (undelivered events), `_metrics/` (counters that outlive the run's process);
-and in the host's own scratch space: `_staging/<table>` (parts of the artifact being built) and
-`_base/<table>` (a previous snapshot downloaded from object storage, when no STATE dataset or local
-destination can serve as the next snapshot's base).
+snapshot), `_staging/<table>` (scratch datasets of a build), `_outbox/` (undelivered events),
+`_metrics/` (counters that outlive the run's process). The driver and every Spark executor reach
+them alike (spark/locations.py); the artifact's pieces go from the tasks straight into each
+destination's multipart upload (spark/pieces.py), which the driver completes.
 
 S3 destinations and AWS sinks are signed as the credentials profile their spec names
 (resources/aws_credentials.py); every destination and sink is wrapped so its failures are counted.
@@ -20,10 +20,8 @@ S3 destinations and AWS sinks are signed as the credentials profile their spec n
 from __future__ import annotations
 
 import datetime as _dt
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from resources.aws_credentials import CredentialProfiles
@@ -46,6 +44,7 @@ from snapshot_assets.counters import (
     CounterStore,
     CountingDestination,
     CountingSink,
+    unwrap,
 )
 from snapshot_assets.pipeline.commit import (
     CommitResult,
@@ -57,6 +56,8 @@ from snapshot_assets.pipeline.commit import (
 )
 from snapshot_assets.pipeline.decide import NextArtifact, next_artifact
 from snapshot_assets.pipeline.outbox import DeliveryReport, Outbox, artifact_event
+from snapshot_assets.spark.locations import Location
+from snapshot_assets.spark.pieces import Targets
 
 # A multipart upload begun this long ago and never completed is a crashed run's: no build runs a day.
 STALE_UPLOAD_S = 24 * 3600.0
@@ -95,10 +96,14 @@ class TablePipeline:
         made = list(sinks) if sinks is not None else [
             build_sink(e, client=self.profiles.sink_client) for e in table.events]
         self.sinks: list[EventSink] = [CountingSink(s, self.counters) for s in made]
-        self.state_root = Path(self.work.location(f"_state/{self.name}"))
-        self.staging = self.work.local_scratch(f"_staging/{self.name}")
+        self.state_root = self.location(f"_state/{self.name}")
+        self.staging = self.location(f"_staging/{self.name}")
         self.outbox = Outbox(self.work.part("_outbox"))
-        self.base_cache = self.work.local_scratch(f"_base/{self.name}")
+
+    def location(self, sub: str) -> Location:
+        """A place under the working root for Spark's data, reached alike by the driver and every
+        executor (a local path, or an S3 prefix whose requests each host signs itself)."""
+        return Location.of(self.work.location(sub), self.work.connection)
 
     # ---- cheap reads (sensors) -----------------------------------------------------------------
 
@@ -168,37 +173,42 @@ class TablePipeline:
             raise ValueError(f"nothing to build for {self.name} ({nxt.kind})")
         m = self.manifest()
         reader = self.buffer()
-        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.clear()
         key_fields = self.key_fields
         previous = m.latest_snapshot()
         state = self._state_at_head(m)
-        artifact = self._artifact_base(previous, download=state is None)
+        artifact = self._artifact_base(previous)
+        s3 = self.work.connection  # signs the tasks' reads of a buffer in S3
         if nxt.kind == "diff":
             if nxt.from_position != m.head_position or previous is None:
                 raise ValueError(f"{self.name}: the diff starts at {nxt.from_position}, the head is {m.head_position}")
             epoch = m.epoch
+            targets = Targets(tuple(self.destinations), self.cfg.key_prefix, epoch)
             base = self.diff_base(spark, m, self.staging / "_catch_up", state=state, artifact=artifact)
             built = build_diff(spark, reader.segments(m.head_position, nxt.to_position), base, nxt.to_position,
                                key_fields, self.cfg.diff_formats, self.staging,
                                self._delta_dir(epoch, m.head_position, nxt.to_position),
-                               state_formats=self.cfg.snapshot_formats, schema=self._row_schema(nxt.to_position))
+                               state_formats=self.cfg.snapshot_formats, schema=self._row_schema(nxt.to_position),
+                               targets=targets, buffer_s3=s3)
         else:
             epoch = m.epoch + 1
-            base, segments = choose_base(reader, nxt.to_position, state=state, artifact=artifact, cmp=self.cmp)
+            targets = Targets(tuple(self.destinations), self.cfg.key_prefix, epoch)
+            base, segments = choose_base(reader, nxt.to_position, state=state, artifact=artifact, cmp=self.cmp,
+                                         buffer_s3=s3)
             built = build_snapshot(spark, base, segments, nxt.to_position, key_fields,
                                    self.cfg.snapshot_formats, self.staging, self.state_root / f"epoch={epoch}",
                                    previous_keys=self._reusable_objects(previous, state),
-                                   bucket_bytes=self.cfg.bucket_bytes, schema=self._row_schema(nxt.to_position))
-            shutil.rmtree(self.base_cache, ignore_errors=True)
+                                   bucket_bytes=self.cfg.bucket_bytes, schema=self._row_schema(nxt.to_position),
+                                   targets=targets, buffer_s3=s3)
         refs = assemble(built, self.destinations, self.cfg.key_prefix, epoch)
-        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.clear()
         snap = nxt.kind == "snapshot"
         art = Artifact(kind=nxt.kind, epoch=epoch, from_position=nxt.from_position, to_position=nxt.to_position,
                        created_at=utc_now(), formats=refs, row_count=built.count if snap else 0,
                        change_count=0 if snap else built.count)
         return BuildResult(art, built.seconds, dict(built.details))
 
-    def diff_base(self, spark: Any, m: Manifest, scratch: Path, *, state: Any = None, artifact: Any = None) -> Any:
+    def diff_base(self, spark: Any, m: Manifest, scratch: Location, *, state: Any = None, artifact: Any = None) -> Any:
         """The table at the head, the base a diff from the head completes its images against: the
         state (STATE dataset + committed deltas), or the previous snapshot artifact, caught up
         through the buffer where the state stops. The diff build and its size measurement share it."""
@@ -209,15 +219,16 @@ class TablePipeline:
         if state is None:
             state = self._state_at_head(m)
         if artifact is None:
-            artifact = self._artifact_base(m.latest_snapshot(), download=state is None)
-        base, catch_up = choose_base(self.buffer(), m.head_position, state=state, artifact=artifact, cmp=self.cmp)
+            artifact = self._artifact_base(m.latest_snapshot())
+        base, catch_up = choose_base(self.buffer(), m.head_position, state=state, artifact=artifact, cmp=self.cmp,
+                                     buffer_s3=self.work.connection)
         if catch_up:
             table, _ = advance(spark, base, catch_up, self.key_fields, partitions=default_partitions(spark),
-                               scratch=scratch)
+                               scratch=scratch, s3=self.work.connection)
             base = FrameBase(table, m.head_position, base.describe())
         return base
 
-    def _delta_dir(self, epoch: int, from_position: str, to_position: str) -> Path:
+    def _delta_dir(self, epoch: int, from_position: str, to_position: str) -> Location:
         """Where the state's step for the diff (from, to] of `epoch` lives (one path per diff)."""
         return self.state_root / "deltas" / f"epoch={epoch}" / f"{keys.san(from_position)}-{keys.san(to_position)}"
 
@@ -258,11 +269,11 @@ class TablePipeline:
                 found[fid] = key
         return found
 
-    def _artifact_base(self, previous: Artifact | None, *, download: bool = False) -> Any:
-        """The previous snapshot's objects as a Spark base: read in place from a destination whose URIs
-        are `file://` (Spark reads them as they are), else (with `download`) copied from the first
-        destination into `base_cache` — this Spark has no hadoop-aws, and an S3-only archive whose
-        STATE dataset is gone must still re-base."""
+    def _artifact_base(self, previous: Artifact | None) -> Any:
+        """The previous snapshot's objects as a Spark base, read in place: from a destination whose
+        URIs are `file://` (Spark reads them as they are) or `s3://` (the tasks read them with the
+        destination's connection: this Spark has no hadoop-aws). An archive whose STATE dataset is
+        gone re-bases from it."""
         from snapshot_assets.spark.bases import ArtifactBase
 
         fid = next((f for f in ("parquet", "jsonl", "protobuf") if previous and f in previous.formats), None)
@@ -270,25 +281,11 @@ class TablePipeline:
             return None
         key = artifact_key(self.cfg.key_prefix, previous, FORMATS[fid])
         for dest in self.destinations:
-            if dest.uri(key).startswith("file://"):
-                paths = [dest.uri(o.key) for o in dest.list(key + "/")] or [dest.uri(key)]
-                return ArtifactBase(tuple(paths), fid, previous.to_position)
-        if not download:
-            return None
-        return ArtifactBase(self._download(self.destinations[0], key), fid, previous.to_position)
-
-    def _download(self, dest: Destination, key: str) -> tuple[str, ...]:
-        """Stream `key` (an object, or the parts of a parquet folder) into `base_cache`; the local paths."""
-        shutil.rmtree(self.base_cache, ignore_errors=True)
-        self.base_cache.mkdir(parents=True)
-        keys_ = [o.key for o in dest.list(key + "/")] or [key]
-        paths = []
-        for i, k in enumerate(keys_):
-            path = self.base_cache / f"{i:05d}-{k.rsplit('/', 1)[-1]}"
-            with dest.open_read(k) as src, open(path, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-            paths.append(str(path))
-        return tuple(paths)
+            uri, connection = dest.uri(key), getattr(unwrap(dest), "connection", None)
+            if uri.startswith("file://") or (uri.startswith("s3://") and connection is not None):
+                paths = [dest.uri(o.key) for o in dest.list(key + "/")] or [uri]  # (old archives: parquet folders)
+                return ArtifactBase(tuple(paths), fid, previous.to_position, connection)
+        return None
 
     # ---- committing ----------------------------------------------------------------------------
 
@@ -348,20 +345,9 @@ class TablePipeline:
     def _prune_state(self, m: Manifest) -> None:
         """Keep only the STATE dataset of the newest snapshot, the bucket files it names and the
         deltas of its epoch (the head)."""
-        from snapshot_assets.spark.state import StateBase
+        from snapshot_assets.spark.state import prune_state
 
-        if not self.state_root.exists():
-            return
-        for path in [*self.state_root.glob("epoch=*"), *self.state_root.glob("deltas/epoch=*")]:
-            if path.name != f"epoch={m.epoch}":
-                shutil.rmtree(path, ignore_errors=True)
-        state = StateBase.load(self.state_root / f"epoch={m.epoch}")
-        if state is None:
-            return
-        kept = {Path(p).name for p in state.files()}
-        for path in (self.state_root / "buckets").glob("*.parquet"):
-            if path.name not in kept:
-                path.unlink(missing_ok=True)
+        prune_state(self.state_root, m.epoch)
 
     def _release_buffer(self, m: Manifest) -> int:
         """Ask the buffer to drop segments the archive no longer needs: those before the newest snapshot.

@@ -226,17 +226,17 @@ def _wait_until_answering(pipe: TablePipeline, timeout_s: float = 30.0) -> None:
             time.sleep(0.2)
 
 
-def test_an_s3_only_archive_downloads_the_previous_snapshot_as_the_base(moto_server: str, tmp_path: Path) -> None:
-    """Without the local STATE dataset (another machine, a wiped disk) an S3-only archive still re-bases:
-    the previous snapshot is streamed to local files Spark can read (no hadoop-aws)."""
-    pipe = TablePipeline(table(tmp_path, [s3_dest(bucket(moto_server), moto_server)], formats="[jsonl]"))
+def test_an_s3_only_archive_reads_the_previous_snapshot_in_place_as_the_base(moto_server: str, tmp_path: Path) -> None:
+    """Without the STATE dataset (a wiped working root) an S3-only archive still re-bases: the Spark
+    tasks read the previous snapshot object where it is, signed with the destination's connection."""
+    name = bucket(moto_server)
+    pipe = TablePipeline(table(tmp_path, [s3_dest(name, moto_server)], formats="[jsonl]"))
     pipe.commit(snapshot(pipe))
     previous = pipe.manifest().latest_snapshot()
-    assert pipe._artifact_base(previous) is None  # no local copy: only on request
 
-    base = pipe._artifact_base(previous, download=True)
+    base = pipe._artifact_base(previous)
 
+    assert base is not None and (base.format_id, base.position) == ("jsonl", "0/10")
     (path,) = base.paths
-    assert (base.format_id, base.position) == ("jsonl", "0/10")
-    got = pipe.destinations[0].get("users/epoch=1/snapshot-0_10.jsonl")
-    assert got is not None and Path(path).read_bytes() == got.data and Path(path).is_relative_to(pipe.base_cache)
+    assert path == pipe.destinations[0].uri("users/epoch=1/snapshot-0_10.jsonl") and path.startswith(f"s3://{name}/")
+    assert base.s3 is not None and base.s3.endpoint_url == moto_server

@@ -131,7 +131,7 @@ def test_the_pipeline_measures_its_pending_diff_as_the_build_then_writes_it(spar
                 for fid in ("jsonl", "protobuf")}
     built = pipe.build(spark, NextArtifact("diff", "test", head, durable)).artifact
     assert measured == {fid: built.formats[fid].size_bytes for fid in ("jsonl", "protobuf")}
-    assert not pipe.work.local_scratch(f"_measure/{pipe.name}").exists(), "the scratch space is removed"
+    assert not Path(pipe.location(f"_measure/{pipe.name}").uri).exists(), "the scratch space is removed"
 
     m, pending = pipe.manifest(), pipe.buffer().stats(head)
     now = dt.datetime.now(dt.UTC)
