@@ -1,0 +1,103 @@
+"""Storage outages against a real S3 endpoint (moto_server frozen with SIGSTOP, then thawed): pages
+wait and retry, nothing is lost; when retries run out the page goes to the dead-letter directory
+and the alert metric and /health/storage say so."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from resources.capture.app import CaptureApp
+from resources.capture.pages import decode
+from resources.capture.replay import replay
+from resources.capture.settings import CaptureSettings
+from tests.aws.conftest import Moto, start_moto
+from tests.capture.conftest import Running, settings_for, wait_for
+
+Serve = Callable[[CaptureSettings], Running]
+
+
+@pytest.fixture
+def moto(tmp_path: Path, aws_test_credentials: None) -> Iterator[Moto]:
+    server = start_moto(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _s3(moto: Moto) -> dict[str, Any]:
+    boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1").create_bucket(Bucket="events")
+    return {"type": "s3", "bucket": "events", "prefix": "capture/", "endpoint_url": moto.url, "path_style": True,
+            "region": "us-east-1", "connect_timeout": 1.0, "read_timeout": 1.0, "max_attempts": 1}
+
+
+def _stored_keys(moto: Moto) -> list[str]:
+    client = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
+    listing = client.list_objects_v2(Bucket="events", Prefix="capture/pages/")
+    return [o["Key"] for o in listing.get("Contents", [])]
+
+
+def _get(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.mark.slow
+def test_outage_then_recovery_loses_nothing(tmp_path: Path, moto: Moto, serve: Serve) -> None:
+    settings = settings_for(tmp_path, destination=_s3(moto), max_events=2)
+    settings = replace(settings, storage=replace(settings.storage, retry_backoff=0.2, retry_for=120.0))
+    running = serve(settings)
+    running.publish("w", b"0")
+    running.publish("w", b"1")
+    wait_for(lambda: len(_stored_keys(moto)) == 1, what="the first page")
+    moto.freeze()
+    try:
+        for i in range(2, 8):  # acknowledged while storage is down: durability does not wait for S3
+            assert running.publish("w", str(i).encode()).sequence == i
+        wait_for(lambda: running.app.metrics.storage_errors._value.get() >= 2, what="failed writes being retried")
+    finally:
+        moto.thaw()
+    wait_for(lambda: len(_stored_keys(moto)) == 4, timeout=60, what="the held pages after the outage")
+    running.stop()
+    assert [e.payload for e in replay(settings, "w")] == [str(i).encode() for i in range(8)]
+    assert running.app.metrics.dead_letters._value.get() == 0
+
+
+@pytest.mark.slow
+def test_retries_exhausted_go_to_dead_letter_with_an_alert(tmp_path: Path, moto: Moto) -> None:
+    settings = settings_for(tmp_path, destination=_s3(moto), max_events=3)
+    settings = replace(settings, storage=replace(settings.storage, retry_backoff=0.1, retry_for=1.5))
+    app = CaptureApp(settings)
+    port = app.start(0, http_port=0, host="127.0.0.1")
+    running = Running(app, port)
+    try:
+        moto.freeze()
+        for i in range(3):
+            running.publish("dl", f"lost-{i}".encode())
+        dead = tmp_path / "buffer" / "dead-letter"
+        page = wait_for(lambda: [p for p in dead.rglob("*") if p.is_file() and not p.name.endswith(".json")],
+                        timeout=60, what="a dead-lettered page")
+        assert [e.payload for e in decode(page[0].read_bytes()).events] == [b"lost-0", b"lost-1", b"lost-2"]
+        record = json.loads(page[0].with_name(page[0].name + ".json").read_text())
+        assert (record["writer_id"], record["event_count"]) == ("dl", 3)
+        assert app.metrics.dead_letters._value.get() == 1
+        status, body = _get(f"http://127.0.0.1:{app.http_port_bound}/health/storage")
+        assert status == 503 and body["dead_letter_pages"] == 1 and body["status"] == "unhealthy"
+        with urllib.request.urlopen(f"http://127.0.0.1:{app.http_port_bound}/metrics", timeout=10) as r:
+            assert "snapshotter_capture_dead_letter_pages_total 1.0" in r.read().decode()
+    finally:
+        moto.thaw()
+        running.stop()
+    assert not (tmp_path / "buffer" / "writers" / "dl" / "seg-00000000000000000000.log").exists()
