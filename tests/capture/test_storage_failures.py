@@ -87,8 +87,9 @@ def test_retries_exhausted_go_to_dead_letter_with_an_alert(tmp_path: Path, moto:
         for i in range(3):
             running.publish("dl", f"lost-{i}".encode())
         dead = tmp_path / "buffer" / "dead-letter"
-        page = wait_for(lambda: [p for p in dead.rglob("*") if p.is_file() and not p.name.endswith(".json")],
-                        timeout=60, what="a dead-lettered page")
+        records = wait_for(lambda: [p for p in dead.rglob("*.pb.gz.json") if not p.name.startswith(".")],
+                           timeout=60, what="a dead-lettered page and its record")  # the record is written last
+        page = [r.with_name(r.name.removesuffix(".json")) for r in records]
         assert [e.payload for e in decode(page[0].read_bytes()).events] == [b"lost-0", b"lost-1", b"lost-2"]
         record = json.loads(page[0].with_name(page[0].name + ".json").read_text())
         assert (record["writer_id"], record["event_count"]) == ("dl", 3)
