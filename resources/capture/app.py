@@ -1,8 +1,10 @@
 """One capture service: the pieces of resources/capture wired together, started and stopped in order.
 
-Start: the index publisher, then the buffer (recovery re-flushes what a crash left durable but
-unflushed, before any new publish is accepted), then gRPC and HTTP. Stop: gRPC first (no new
-publishes; in-flight ones finish), then every writer is flushed, then the index queue drains.
+Start: the index publisher, then the buffer (recovery schedules the flush of what a crash left
+durable but unflushed; sequences continue after it), then gRPC and HTTP. Stop: gRPC first (no new
+publishes; in-flight ones finish), then every writer is flushed (once: a write that fails at
+shutdown is not retried, its events stay in the durable log for the next start), then the index
+queue drains.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class CaptureApp:
         self._grpc.stop(grace).wait()
         self._grpc = None
         self.servicer.close()
+        self.store.stop.set()  # a failing write is tried once more, not retried for minutes: the log keeps it
         self.buffer.close(flush=True)
         self.index.stop()
         if self._http is not None:

@@ -84,29 +84,36 @@ class CaptureBuffer:
     # ---- lifecycle --------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Recover every writer's durable unflushed events and flush them; start the age timer."""
+        """Recover every writer's durable unflushed events and schedule their flush; start the age timer.
+
+        The flushes run in the background: a storage outage at startup delays pages, not serving."""
         for writer_id in WriterLog.writers(self.root):
             wlog = WriterLog(self.root, writer_id)
             recovered = wlog.recover()
-            w = _Writer(wlog, recovered.next_sequence, last_timestamp=0)
+            w = _Writer(wlog, recovered.next_sequence)
             for event in recovered.events:
                 self._add_pending(w, event)
             self._writers[writer_id] = w
             if w.pending:
                 log.info("capture: recovered %d unflushed events of writer %s", len(w.pending), writer_id)
-                self.flush(writer_id, force=True)
+                self._schedule(writer_id, force=True)
         self._timer.start()
 
     def close(self, *, flush: bool = True) -> None:
-        """Stop the timer, flush every writer (unless `flush` is False) and close the logs."""
+        """Stop the timer, flush every writer (unless `flush` is False) and close the logs. A writer
+        whose flush fails keeps its events in the durable log for the next start."""
         self._stop.set()
         if self._timer.is_alive():
             self._timer.join()
         self._pool.shutdown(wait=True)
-        for writer_id in list(self._writers):
-            if flush:
-                self.flush(writer_id, force=True)
-            self._writers[writer_id].log.close()
+        for writer_id, w in list(self._writers.items()):
+            try:
+                if flush:
+                    self.flush(writer_id, force=True)
+            except Exception as exc:
+                log.warning("capture: writer %s not flushed at shutdown (kept for the next start): %s", writer_id, exc)
+            finally:
+                w.log.close()
 
     # ---- publish ----------------------------------------------------------------------------------
 
