@@ -140,6 +140,10 @@ class WriterLog:
                 with open(path, "r+b") as f:  # records past here were never fsync'd, so never acknowledged
                     f.truncate(end)
                     os.fsync(f.fileno())
+            if not records:  # nothing durable in it (a crash right after it was created, or a torn first record)
+                path.unlink()
+                fsync_dir(self.dir)
+                continue
             for event in records:
                 next_sequence = max(next_sequence, event.sequence + 1)
                 if event.sequence >= mark:

@@ -38,8 +38,8 @@ class PubSubCapture(pb_grpc.PubSubBasicInterfaceServicer):
             acks = self.buffer.publish([_publication(r) for r in requests])
         except PublishRejected as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except RuntimeError as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except (RuntimeError, OSError) as exc:  # shutting down, or the buffer's disk failed
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"events not durable, publish again: {exc}")
         return [pb.PublishResponse(message_id=a.message_id, sequence=a.sequence) for a in acks]
 
     def Publish(self, request: pb.PublishRequest, context: grpc.ServicerContext) -> pb.PublishResponse:
@@ -57,12 +57,13 @@ class PubSubCapture(pb_grpc.PubSubBasicInterfaceServicer):
             for request in request_iterator:
                 responses.extend(self._publish([request], context))
                 writers.add(request.topic)
-        except grpc.RpcError:
-            pass  # the client went away mid-stream: a disconnect like any other
-        finally:
-            if not context.is_active():
-                self._background.submit(self._disconnect, writers)
-        if not context.is_active():
+        except BaseException as exc:  # a refused request (abort) or the client gone: still a disconnect
+            self._background.submit(self._disconnect, writers)
+            if isinstance(exc, grpc.RpcError):
+                return pb.PublishStreamResponse()
+            raise
+        if not context.is_active():  # cancelled: nobody waits for the answer, flush in the background
+            self._background.submit(self._disconnect, writers)
             return pb.PublishStreamResponse()
         self._disconnect(writers)
         return pb.PublishStreamResponse(responses=responses)

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 
 from resources.proto.prism.interfaces import pubsub_basic_pb2 as pb
 from resources.proto.prism.interfaces import pubsub_basic_pb2_grpc as pb_grpc
@@ -35,6 +36,7 @@ def _http(port: int, path: str) -> str:
         return body
 
 
+@pytest.mark.slow
 def test_serve_health_metrics_then_replay(tmp_path: Path) -> None:
     config = tmp_path / "capture.conf"
     config.write_text(CONFIG % {"root": tmp_path, "template": "e/{writer_id}/{sequence}.ndjson.zst"})
