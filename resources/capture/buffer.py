@@ -131,7 +131,6 @@ class CaptureBuffer:
             self.check(pub)
         if self._stop.is_set():
             raise RuntimeError("the capture buffer is shutting down")
-        acks: list[Ack] = []
         syncs: dict[int, tuple[Segment, int]] = {}
         by_writer: dict[str, list[int]] = {}
         for i, pub in enumerate(pubs):
@@ -140,8 +139,12 @@ class CaptureBuffer:
         for writer_id, indexes in by_writer.items():
             w = self._writer(writer_id)
             with w.lock:
-                events = [self._event(w, writer_id, pubs[i]) for i in indexes]
+                now = max(time.time_ns() // 1_000_000, w.last_timestamp)  # never goes back within a writer
+                events = [Event(event_id=message_id(writer_id, w.next_sequence + k), timestamp=now,
+                                payload=pubs[i].payload, attributes=dict(pubs[i].attributes),
+                                sequence=w.next_sequence + k) for k, i in enumerate(indexes)]
                 segment = w.log.append(b"".join(encode_record(e) for e in events), events[0].sequence)
+                w.next_sequence += len(events)  # only once written: a failed append leaves no gap
                 syncs[id(segment)] = (segment, segment.written)
                 for i, event in zip(indexes, events, strict=True):
                     self._add_pending(w, event)
@@ -153,14 +156,6 @@ class CaptureBuffer:
             if self._full(self._writers[writer_id]):
                 self._schedule(writer_id)
         return acks
-
-    def _event(self, w: _Writer, writer_id: str, pub: Publication) -> Event:
-        """The next event of `w` (caller holds its lock): sequence and a timestamp that never goes back."""
-        w.last_timestamp = max(time.time_ns() // 1_000_000, w.last_timestamp)
-        sequence = w.next_sequence
-        w.next_sequence += 1
-        return Event(event_id=message_id(writer_id, sequence), timestamp=w.last_timestamp, payload=pub.payload,
-                     attributes=dict(pub.attributes), sequence=sequence)
 
     def _add_pending(self, w: _Writer, event: Event) -> None:
         if not w.pending:

@@ -46,8 +46,16 @@ class Segment:
         self.closed = False
 
     def write(self, data: bytes) -> int:
-        """Append (caller holds the writer's lock); the end offset a publisher waits for."""
-        os.write(self._fd, data)
+        """Append (caller holds the writer's lock); the end offset a publisher waits for. A failed
+        write (disk full) is cut back off, so no half record sits before the next one: recovery
+        stops at the first bad record and would otherwise drop the acknowledged ones after it."""
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError:
+            os.ftruncate(self._fd, self.written)
+            raise
         self.written += len(data)
         return self.written
 
