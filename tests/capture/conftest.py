@@ -63,6 +63,11 @@ def serve() -> Iterator[Callable[[CaptureSettings], Running]]:
         running.stop()
 
 
+def counter(app: CaptureApp, name: str) -> float:
+    """A counter of the app's metrics registry, as Prometheus would scrape it (`name` without `_total`)."""
+    return app.metrics.registry.get_sample_value(f"snapshotter_{name}_total") or 0.0
+
+
 def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
     """Poll `check` until it returns something truthy; fail the test at the deadline."""
     deadline = time.monotonic() + timeout

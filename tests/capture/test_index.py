@@ -12,7 +12,7 @@ from resources.capture.reconcile import reconcile
 from resources.capture.replay import replay
 from resources.capture.settings import CaptureSettings, IndexSettings
 from resources.destinations.local import LocalDestination
-from tests.capture.conftest import Running, settings_for, wait_for
+from tests.capture.conftest import Running, counter, settings_for, wait_for
 
 Serve = Callable[[CaptureSettings], Running]
 
@@ -65,7 +65,7 @@ def test_index_outage_does_not_block_publishing(tmp_path: Path, serve: Serve) ->
     db.mkdir()  # the database cannot be opened: every publish to it fails
     for i in range(4):
         running.publish("w", str(i).encode())  # acknowledged all the same: the index is off the durability path
-    wait_for(lambda: running.app.index.pending() == 2 and running.app.metrics.index_errors._value.get() >= 1,
+    wait_for(lambda: running.app.index.pending() == 2 and counter(running.app, "index_publish_errors") >= 1,
              what="two queued records after failed publishes")
     db.rmdir()
     (tmp_path / "index.db.away").rename(db)  # back: the queue drains on its own

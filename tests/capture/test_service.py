@@ -16,7 +16,7 @@ from resources.capture.replay import replay
 from resources.capture.settings import CaptureSettings
 from resources.destinations.local import LocalDestination
 from resources.proto.prism.interfaces import pubsub_basic_pb2 as pb
-from tests.capture.conftest import Running, settings_for, wait_for, with_page
+from tests.capture.conftest import Running, counter, settings_for, wait_for, with_page
 
 Serve = Callable[[CaptureSettings], Running]
 
@@ -61,7 +61,7 @@ def test_session_end_flushes_before_the_answer(tmp_path: Path, serve: Serve) -> 
     assert [r.sequence for r in response.responses] == [0, 0, 1, 1, 2, 2]
     pages = _pages(tmp_path)  # no waiting: flushed before the stream was answered
     assert sorted(p for page in pages.values() for _, p in page) == sorted(r.payload for r in requests)
-    assert running.app.metrics.disconnects._value.get() == 2
+    assert counter(running.app, "session_disconnects") == 2
 
 
 def test_cancelled_session_is_flushed_too(tmp_path: Path, serve: Serve) -> None:

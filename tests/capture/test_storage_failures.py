@@ -20,7 +20,7 @@ from resources.capture.pages import decode
 from resources.capture.replay import replay
 from resources.capture.settings import CaptureSettings
 from tests.aws.conftest import Moto, start_moto
-from tests.capture.conftest import Running, settings_for, wait_for
+from tests.capture.conftest import Running, counter, settings_for, wait_for
 
 Serve = Callable[[CaptureSettings], Running]
 
@@ -66,13 +66,13 @@ def test_outage_then_recovery_loses_nothing(tmp_path: Path, moto: Moto, serve: S
     try:
         for i in range(2, 8):  # acknowledged while storage is down: durability does not wait for S3
             assert running.publish("w", str(i).encode()).sequence == i
-        wait_for(lambda: running.app.metrics.storage_errors._value.get() >= 2, what="failed writes being retried")
+        wait_for(lambda: counter(running.app, "storage_errors") >= 2, what="failed writes being retried")
     finally:
         moto.thaw()
     wait_for(lambda: len(_stored_keys(moto)) == 4, timeout=60, what="the held pages after the outage")
     running.stop()
     assert [e.payload for e in replay(settings, "w")] == [str(i).encode() for i in range(8)]
-    assert running.app.metrics.dead_letters._value.get() == 0
+    assert counter(running.app, "capture_dead_letter_pages") == 0
 
 
 @pytest.mark.slow
@@ -93,7 +93,8 @@ def test_retries_exhausted_go_to_dead_letter_with_an_alert(tmp_path: Path, moto:
         assert [e.payload for e in decode(page[0].read_bytes()).events] == [b"lost-0", b"lost-1", b"lost-2"]
         record = json.loads(page[0].with_name(page[0].name + ".json").read_text())
         assert (record["writer_id"], record["event_count"]) == ("dl", 3)
-        assert app.metrics.dead_letters._value.get() == 1
+        wait_for(lambda: counter(app, "capture_dead_letter_pages") == 1,
+                 what="the alert metric")
         status, body = _get(f"http://127.0.0.1:{app.http_port_bound}/health/storage")
         assert status == 503 and body["dead_letter_pages"] == 1 and body["status"] == "unhealthy"
         with urllib.request.urlopen(f"http://127.0.0.1:{app.http_port_bound}/metrics", timeout=10) as r:
