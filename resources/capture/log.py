@@ -28,6 +28,10 @@ from resources.proto.prism.snapshotter.page_pb2 import Event
 
 _HEADER = struct.Struct(">II")  # record length, crc32 of the record
 _FLUSHED = "flushed.json"
+# fdatasync makes the appended bytes and the size that reaches them durable, skipping the
+# timestamps fsync also writes (several times cheaper per acknowledgement on ext4); the segment's
+# directory entry is made durable once, when it is created.
+_DATASYNC = getattr(os, "fdatasync", os.fsync)
 
 
 class LogCorrupt(RuntimeError):
@@ -67,7 +71,7 @@ class Segment:
             if self.synced >= offset:
                 return  # the fsync we waited behind covered us
             target = self.written
-            os.fsync(self._fd)
+            _DATASYNC(self._fd)
             self.synced = target
 
     def close(self) -> None:
