@@ -31,6 +31,7 @@ from snapshot_assets.archive_jobs import verify_archive_job
 from snapshot_assets.assets import ARTIFACT_IO, archive_is_sound, change_buffer, diff, manifest, snapshot
 from snapshot_assets.capture.assets import capture_index_matches_storage, capture_pages
 from snapshot_assets.capture.jobs import capture_reconcile_job, capture_reconcile_schedule
+from snapshot_assets.capture.observe import capture_pages_observer
 from snapshot_assets.capture.resource import CaptureResource
 from snapshot_assets.handoff import ArtifactIOManager
 from snapshot_assets.jobs import diff_job, force_snapshot, ingest_job, reconstruct_job, snapshot_job
@@ -63,6 +64,6 @@ defs = dg.Definitions(
     jobs=[diff_job, snapshot_job, force_snapshot, ingest_job, reconstruct_job, verify_archive_job,
           capture_reconcile_job],
     schedules=[capture_reconcile_schedule],
-    sensors=[rebase_trigger, ingest_supervisor, outbox_retry, run_failure_alert],
+    sensors=[rebase_trigger, ingest_supervisor, outbox_retry, run_failure_alert, capture_pages_observer],
     resources=resources(),
 )

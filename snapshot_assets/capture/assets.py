@@ -14,29 +14,33 @@ import dagster as dg
 
 from resources.capture.keys import INDEX_PREFIX
 from resources.capture.reconcile import reconcile
+from resources.destinations.base import Destination
 from snapshot_assets.capture.resource import CaptureResource
 
 DAYS = dg.DailyPartitionsDefinition(start_date="2025-01-01", end_offset=1)  # today too: pages arrive all day
 
 
-@dg.asset(partitions_def=DAYS, group_name="capture", kinds={"s3"},
-          description="Pages of captured events (RFC-023) whose first event falls on the day.")
-def capture_pages(context: dg.AssetExecutionContext, capture: CaptureResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
-    day = context.partition_key
-    destination = capture.destination()
+def day_summary(destination: Destination, day: str) -> dict[str, dg.MetadataValue]:
+    """What the day's pages hold, from the object index (one record per page, written at each flush)."""
     pages: list[dict[str, Any]] = []
     for info in destination.list(INDEX_PREFIX):
         if info.key.endswith(f"/{day}.json"):
             got = destination.get(info.key)
             pages.extend(json.loads(got.data)["pages"] if got else [])
-    return dg.MaterializeResult(metadata={
+    return {
         "pages": dg.MetadataValue.int(len(pages)),
         "events": dg.MetadataValue.int(sum(p["event_count"] for p in pages)),
         "stored_bytes": dg.MetadataValue.int(sum(p["storage_size_bytes"] for p in pages)),
         "page_bytes": dg.MetadataValue.int(sum(p["page_size_bytes"] for p in pages)),
         "writers": dg.MetadataValue.int(len({p["writer_id"] for p in pages})),
         "index": dg.MetadataValue.path(destination.uri(f"{INDEX_PREFIX}*/{day}.json")),
-    })
+    }
+
+
+@dg.asset(partitions_def=DAYS, group_name="capture", kinds={"s3"},
+          description="Pages of captured events (RFC-023) whose first event falls on the day.")
+def capture_pages(context: dg.AssetExecutionContext, capture: CaptureResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
+    return dg.MaterializeResult(metadata=day_summary(capture.destination(), context.partition_key))
 
 
 @dg.asset_check(asset=capture_pages, description="Every indexed page exists; every stored page is indexed.")

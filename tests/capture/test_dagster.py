@@ -12,6 +12,7 @@ from resources.capture.index import SqlIndex
 from resources.capture.settings import CaptureSettings
 from snapshot_assets.capture.assets import capture_index_matches_storage, capture_pages
 from snapshot_assets.capture.jobs import capture_reconcile_job
+from snapshot_assets.capture.observe import capture_pages_observer
 from snapshot_assets.capture.resource import CaptureResource
 from snapshot_assets.config import load_config
 from snapshot_assets.definitions import defs
@@ -62,6 +63,31 @@ def test_pages_asset_check_and_reconciliation(tmp_path: Path, serve: Serve) -> N
     result = dg.materialize([capture_pages, capture_index_matches_storage], partition_key=day,
                             resources={"capture": resource}, instance=instance)
     assert result.get_asset_check_evaluations()[0].passed
+
+
+def test_observer_reports_a_day_when_its_pages_change(tmp_path: Path, serve: Serve) -> None:
+    config = tmp_path / "capture.conf"
+    config.write_text(CONFIG % {"root": tmp_path})
+    settings = load_config(config).capture
+    assert settings is not None
+    resource = CaptureResource(config_file=str(config))
+    instance = dg.DagsterInstance.ephemeral()
+    quiet = capture_pages_observer(dg.build_sensor_context(instance=instance, resources={"capture": resource}))
+    assert isinstance(quiet, dg.SensorResult) and quiet.skip_reason is not None
+
+    running = serve(settings)
+    for i in range(3):
+        running.publish("obs", bytes([i]) * 10)
+    running.stop()
+    context = dg.build_sensor_context(instance=instance, cursor=quiet.cursor, resources={"capture": resource})
+    result = capture_pages_observer(context)
+    assert isinstance(result, dg.SensorResult) and result.asset_events
+    [observation] = result.asset_events
+    assert isinstance(observation, dg.AssetObservation)
+    assert (observation.metadata["pages"].value, observation.metadata["events"].value) == (1, 3)
+    again = capture_pages_observer(dg.build_sensor_context(instance=instance, cursor=result.cursor,
+                                                           resources={"capture": resource}))
+    assert isinstance(again, dg.SensorResult) and not again.asset_events  # nothing new: no second observation
 
 
 def test_registered_in_the_code_location() -> None:
