@@ -20,7 +20,7 @@ from resources.capture.flush import PageStore
 from resources.capture.health import HealthAnswers, serve_http
 from resources.capture.index import IndexQueue, backends
 from resources.capture.metrics import CaptureMetrics
-from resources.capture.service import PubSubCapture, grpc_server
+from resources.capture.service import PubSubCapture, grpc_server, max_message_bytes
 from resources.capture.settings import CaptureSettings
 from resources.destinations.base import Destination
 from resources.destinations.factory import build_destination
@@ -47,7 +47,8 @@ class CaptureApp:
         """Recover, then serve; the gRPC port (and the HTTP one in `http_port_bound`)."""
         self.index.start()
         self.buffer.open()
-        self._grpc, bound = grpc_server(self.servicer, self.settings.port if port is None else port, host)
+        self._grpc, bound = grpc_server(self.servicer, self.settings.port if port is None else port, host,
+                                        max_message=max_message_bytes(self.settings.buffer.max_payload_bytes))
         self.http_port_bound = 0
         if http_port is not None:
             answers = HealthAnswers(self.buffer, self.index, self.metrics, self.destination.name,

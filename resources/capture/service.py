@@ -21,7 +21,12 @@ from resources.proto.prism.interfaces import pubsub_basic_pb2 as pb
 from resources.proto.prism.interfaces import pubsub_basic_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MIN_MESSAGE_BYTES = 64 * 1024 * 1024  # gRPC's own default (4 MiB) would refuse a batch of a few large events
+
+
+def max_message_bytes(max_payload_bytes: int) -> int:
+    """The largest request the server reads: any single allowed payload fits with room for its envelope."""
+    return max(MIN_MESSAGE_BYTES, max_payload_bytes + 1024 * 1024)
 
 
 def _publication(request: pb.PublishRequest) -> Publication:
@@ -85,11 +90,11 @@ class PubSubCapture(pb_grpc.PubSubBasicInterfaceServicer):
         self._background.shutdown(wait=True)
 
 
-def grpc_server(servicer: PubSubCapture, port: int, host: str = "0.0.0.0",
-                workers: int = 64) -> tuple[grpc.Server, int]:
+def grpc_server(servicer: PubSubCapture, port: int, host: str = "0.0.0.0", workers: int = 64,
+                max_message: int = MIN_MESSAGE_BYTES) -> tuple[grpc.Server, int]:
     """A started server for `servicer`; the port it listens on (a free one when `port` is 0)."""
     server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="capture-grpc"),
-                         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+                         options=[("grpc.max_receive_message_length", max_message)])
     pb_grpc.add_PubSubBasicInterfaceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

@@ -96,6 +96,15 @@ def test_batch_publish_is_all_or_nothing(tmp_path: Path, serve: Serve) -> None:
     assert [(r.message_id, r.sequence) for r in ok.responses] == [("x:0", 0), ("y:0", 0)]  # nothing of the first
 
 
+def test_payload_above_grpc_default_is_accepted_up_to_the_configured_limit(tmp_path: Path, serve: Serve) -> None:
+    running = serve(settings_for(tmp_path, max_payload_bytes=6 * 1024 * 1024))
+    big = bytes(6 * 1024 * 1024)  # over gRPC's default 4 MiB message size
+    assert running.publish("big", big).sequence == 0
+    with pytest.raises(grpc.RpcError) as err:
+        running.publish("big", big + b"x")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_payload_bytes" in err.value.details()
+
+
 def test_empty_topic_and_subscribe_are_refused(tmp_path: Path, serve: Serve) -> None:
     running = serve(settings_for(tmp_path))
     with pytest.raises(grpc.RpcError) as err:
