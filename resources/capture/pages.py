@@ -67,22 +67,28 @@ def metadata_for(writer_id: str, events: Sequence[Event], compression: str, tags
 def encode(metadata: PageMetadata, events: Sequence[Event], page_format: str, *,
            include_metadata: bool = True) -> EncodedPage:
     """The stored bytes of a page. `page_size_bytes` is the size of the uncompressed page it is part of
-    (found by re-encoding until the number and the size agree: its own varint may grow the page)."""
+    (found by re-encoding the metadata until the number and the size agree: its own varint may grow
+    the page). The events are encoded once: both formats are the metadata's bytes, then the events'."""
     if not include_metadata:
         events = [Event(event_id=e.event_id, timestamp=e.timestamp, payload=e.payload, sequence=e.sequence)
                   for e in events]
+    if page_format == "protobuf":
+        # Fields serialize in number order, so metadata (1) then events (2) is the EventPage's encoding.
+        head, body = _protobuf_metadata, EventPage(events=events).SerializeToString(deterministic=True)
+    elif page_format == "ndjson":
+        head, body = _ndjson_metadata, "".join(json.dumps(event_json(e), separators=(",", ":")) + "\n"
+                                               for e in events).encode()
+    else:
+        raise PageError(f"unknown page format {page_format!r}")
     meta = PageMetadata()
     meta.CopyFrom(metadata)
-    serialize = _protobuf if page_format == "protobuf" else _ndjson if page_format == "ndjson" else None
-    if serialize is None:
-        raise PageError(f"unknown page format {page_format!r}")
-    raw = serialize(meta, events)
+    first = head(meta)
     for _ in range(8):
-        if meta.page_size_bytes == len(raw):
+        if meta.page_size_bytes == len(first) + len(body):
             break
-        meta.page_size_bytes = len(raw)
-        raw = serialize(meta, events)
-    return EncodedPage(compress(raw, meta.compression), meta)
+        meta.page_size_bytes = len(first) + len(body)
+        first = head(meta)
+    return EncodedPage(compress(first + body, meta.compression), meta)
 
 
 def decode(data: bytes) -> EventPage:
@@ -103,15 +109,12 @@ def page_format(data: bytes) -> str:
     return "ndjson" if decompress(data)[0].startswith(b"{") else "protobuf"
 
 
-def _protobuf(meta: PageMetadata, events: Sequence[Event]) -> bytes:
-    page = EventPage(metadata=meta, events=events)
-    return page.SerializeToString(deterministic=True)
+def _protobuf_metadata(meta: PageMetadata) -> bytes:
+    return EventPage(metadata=meta).SerializeToString(deterministic=True)
 
 
-def _ndjson(meta: PageMetadata, events: Sequence[Event]) -> bytes:
-    lines = [json.dumps({"metadata": _metadata_json(meta)}, separators=(",", ":"))]
-    lines.extend(json.dumps(event_json(e), separators=(",", ":")) for e in events)
-    return ("\n".join(lines) + "\n").encode()
+def _ndjson_metadata(meta: PageMetadata) -> bytes:
+    return (json.dumps({"metadata": _metadata_json(meta)}, separators=(",", ":")) + "\n").encode()
 
 
 def event_json(e: Event) -> dict[str, Any]:
