@@ -178,8 +178,9 @@ def main() -> None:
              f"shares them), CPython {platform.python_version()}; produced by `benchmarks/capture.py --seconds "
              f"{args.seconds:g}`.", "",
              f"Workload: 1 KB payloads for {args.seconds:g} s per case; client and servers are separate processes on "
-             "the same machine. Capture: fsync'd per-writer log before every answer, pages of 1,000 events, protobuf "
-             f"+ gzip, local destination ({pages} pages written). Bare: the same gRPC server answering at once.", "",
+             "the same machine. Capture: per-writer log synced (fdatasync) before every answer, pages of 1,000 "
+             f"events, protobuf + gzip, local destination ({pages} pages written). Bare: the same gRPC server "
+             "answering at once.", "",
              "| API | writers | bare events/s | capture events/s | capture / bare | bare p50 / p99 ms | "
              "capture p50 / p99 ms |", "|---|---:|---:|---:|---:|---:|---:|"]
     for api, writers, result in rows:
