@@ -24,9 +24,14 @@ class KeyTemplateError(ValueError):
 def check_template(template: str) -> None:
     """Raise KeyTemplateError unless every placeholder is known and the required ones are present."""
     try:
-        fields = [name for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
+        parsed = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
     except ValueError as e:
         raise KeyTemplateError(f"key_template {template!r} is malformed: {e}") from None
+    for name, spec, conv in parsed:
+        if spec or conv:
+            raise KeyTemplateError(f"key_template {template!r}: placeholders take no format or conversion "
+                                   f"({{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}})")
+    fields = [name for name, _, _ in parsed]
     for name in fields:
         if name not in PLACEHOLDERS:
             raise KeyTemplateError(f"key_template {template!r}: unknown placeholder {{{name}}} "

@@ -92,6 +92,10 @@ def test_key_template_placeholders_and_identity() -> None:
     assert page_key(template, "user/../1", 42, 1_696_800_000_123) == key  # same page, same key
     with pytest.raises(KeyTemplateError, match=r"unknown placeholder \{hour\}"):
         check_template("{writer_id}/{hour}/{sequence}")
+    with pytest.raises(KeyTemplateError, match="take no format"):
+        check_template("{writer_id}/{sequence:08d}")
+    with pytest.raises(KeyTemplateError, match="malformed"):
+        check_template("{writer_id}/{sequence")
     with pytest.raises(KeyTemplateError, match=r"must contain \{sequence\}"):
         check_template("{writer_id}/{timestamp}")
 
