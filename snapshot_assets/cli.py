@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import dagster as dg
 
+from resources.aws_credentials import CredentialProfiles
 from resources.destinations.base import Destination, DestinationError
 from resources.destinations.factory import build_destination, location_spec
 from resources.subscribers.tls import ServerTls, TlsError
@@ -284,11 +285,12 @@ def cmd_serve_metrics(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _capture_settings(args: argparse.Namespace) -> CaptureSettings:
+def _capture_settings(args: argparse.Namespace) -> tuple[CaptureSettings, CredentialProfiles]:
+    """The capture block and the profiles its destination's `credentials` may name."""
     config = load_config(args.config)
     if config.capture is None:
         raise CliError(f"{config.file} has no capture block")
-    return config.capture
+    return config.capture, CredentialProfiles.shared(config.credentials)
 
 
 def cmd_capture_serve(args: argparse.Namespace, out: TextIO) -> int:
@@ -296,7 +298,8 @@ def cmd_capture_serve(args: argparse.Namespace, out: TextIO) -> int:
     from snapshot_assets.services import install_stop_signals
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    app = CaptureApp(_capture_settings(args))
+    settings, profiles = _capture_settings(args)
+    app = CaptureApp(settings, profiles=profiles)
     stop = threading.Event()
     install_stop_signals(stop)
     port = app.start(args.port, args.http_port, args.host)
@@ -311,10 +314,10 @@ def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
     from resources.capture.pages import event_json
     from resources.capture.replay import parse_time, replay
 
-    settings = _capture_settings(args)
+    settings, profiles = _capture_settings(args)
     start = parse_time(args.start) if args.start else None
     end = parse_time(args.end) if args.end else None
-    for event in replay(settings, args.writer, start, end):
+    for event in replay(settings, args.writer, start, end, profiles=profiles):
         out.write(json.dumps(event_json(event), separators=(",", ":")) + "\n")
     return 0
 

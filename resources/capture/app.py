@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc  # type: ignore[import-untyped]
 
+from resources.aws_credentials import CredentialProfiles
 from resources.capture.buffer import CaptureBuffer
 from resources.capture.flush import PageStore
 from resources.capture.health import HealthAnswers, serve_http
@@ -29,9 +30,11 @@ log = logging.getLogger(__name__)
 
 
 class CaptureApp:
-    def __init__(self, settings: CaptureSettings, destination: Destination | None = None) -> None:
+    def __init__(self, settings: CaptureSettings, destination: Destination | None = None,
+                 profiles: CredentialProfiles | None = None) -> None:
+        """`profiles`: the configuration's credentials, which an S3 destination's `credentials` names."""
         self.settings = settings
-        self.destination = destination or build_destination(settings.storage.destination)
+        self.destination = destination or build_destination(settings.storage.destination, profiles=profiles)
         self.metrics = CaptureMetrics()
         root = Path(settings.buffer.path)
         root.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 
+from resources.aws_credentials import CredentialProfiles
 from resources.capture.index import IndexBackend, backends
 from resources.capture.pages import decode
 from resources.capture.settings import CaptureSettings
@@ -36,9 +37,10 @@ def replay_events(destination: Destination, index: IndexBackend, writer_id: str,
 
 
 def replay(settings: CaptureSettings, writer_id: str, start_ms: int | None = None, end_ms: int | None = None,
-           destination: Destination | None = None) -> Iterator[Event]:
-    """`replay_events` over the configured destination and index."""
-    dest = destination or build_destination(settings.storage.destination)
+           destination: Destination | None = None, profiles: CredentialProfiles | None = None) -> Iterator[Event]:
+    """`replay_events` over the configured destination (signed as its `credentials` profile, looked up in
+    `profiles`) and index."""
+    dest = destination or build_destination(settings.storage.destination, profiles=profiles)
     return replay_events(dest, backends(settings.index, dest)[-1], writer_id, start_ms, end_ms)
 
 

@@ -6,25 +6,30 @@ same destination and index the capture service writes.
 
 import dagster as dg
 
+from resources.aws_credentials import CredentialProfiles
 from resources.capture.index import IndexBackend, backends
 from resources.capture.settings import CaptureSettings
 from resources.destinations.base import Destination
 from resources.destinations.factory import build_destination
-from snapshot_assets.config import load_config
+from snapshot_assets.config import SnapshotterConfig, load_config
 from snapshot_assets.tables import config
 
 
 class CaptureResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     config_file: str = ""  # default: the code location's configuration
 
+    def _config(self) -> SnapshotterConfig:
+        return load_config(self.config_file) if self.config_file else config()
+
     def settings(self) -> CaptureSettings:
-        loaded = load_config(self.config_file) if self.config_file else config()
+        loaded = self._config()
         if loaded.capture is None:
             raise dg.Failure(f"{loaded.file} has no capture block: there are no captured pages to look at")
         return loaded.capture
 
     def destination(self) -> Destination:
-        return build_destination(self.settings().storage.destination)
+        profiles = CredentialProfiles.shared(self._config().credentials)
+        return build_destination(self.settings().storage.destination, profiles=profiles)
 
     def indexes(self, destination: Destination) -> list[IndexBackend]:
         return backends(self.settings().index, destination)

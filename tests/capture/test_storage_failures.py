@@ -15,10 +15,12 @@ from typing import Any
 import boto3
 import pytest
 
+from resources.aws_credentials import CredentialProfiles
 from resources.capture.app import CaptureApp
 from resources.capture.pages import decode
 from resources.capture.replay import replay
 from resources.capture.settings import CaptureSettings
+from snapshot_assets.config import load_config
 from tests.aws.conftest import Moto, start_moto
 from tests.capture.conftest import Running, counter, settings_for, wait_for
 
@@ -40,9 +42,9 @@ def _s3(moto: Moto) -> dict[str, Any]:
             "region": "us-east-1", "connect_timeout": 1.0, "read_timeout": 1.0, "max_attempts": 1}
 
 
-def _stored_keys(moto: Moto) -> list[str]:
+def _stored_keys(moto: Moto, prefix: str = "capture/pages/") -> list[str]:
     client = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
-    listing = client.list_objects_v2(Bucket="events", Prefix="capture/pages/")
+    listing = client.list_objects_v2(Bucket="events", Prefix=prefix)
     return [o["Key"] for o in listing.get("Contents", [])]
 
 
@@ -103,3 +105,26 @@ def test_retries_exhausted_go_to_dead_letter_with_an_alert(tmp_path: Path, moto:
         moto.thaw()
         running.stop()
     assert not (tmp_path / "buffer" / "writers" / "dl" / "seg-00000000000000000000.log").exists()
+
+
+def test_s3_destination_signed_as_a_configured_profile(tmp_path: Path, moto: Moto) -> None:
+    _s3(moto)  # creates the bucket
+    config = tmp_path / "capture.conf"
+    config.write_text(f"""snapshotter {{
+  credentials {{ writer {{ type = ambient, region = us-east-1 }} }}
+  capture {{
+    buffer {{ path = "{tmp_path}/buffer", max_events = 2 }}
+    storage {{ destination {{ type = s3, bucket = events, prefix = "capture/", endpoint_url = "{moto.url}",
+                             path_style = true, region = us-east-1, credentials = writer }} }}
+  }}
+}}""")
+    loaded = load_config(config)
+    assert loaded.capture is not None and loaded.capture.storage.destination["credentials"] == "writer"
+    profiles = CredentialProfiles.shared(loaded.credentials)
+    app = CaptureApp(loaded.capture, profiles=profiles)
+    running = Running(app, app.start(0, host="127.0.0.1"))
+    running.publish("p", b"one")
+    running.publish("p", b"two")
+    running.stop()
+    assert len(_stored_keys(moto, prefix="capture/snapshots/")) == 1  # the default key template
+    assert [e.payload for e in replay(loaded.capture, "p", profiles=profiles)] == [b"one", b"two"]
