@@ -13,6 +13,7 @@ once per in-process run) and stopped at its teardown; a local Connect server kee
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,18 +31,23 @@ class SparkResource(PySparkResource):
         default_factory=dict, description="Spark builder settings: spark.remote or spark.master, and any spark.* key.")
     state_dir: str = Field(default=str(DEFAULT_STATE_DIR),
                            description="Where the local Spark Connect server's pid/port file and log live.")
+    local_server_idle_timeout_s: float = Field(
+        default=SparkConfig.local_server_idle_timeout.total_seconds(),
+        description="The local Spark Connect server stops after this many seconds without a session (0: never).")
     _runtime: Any = PrivateAttr(default=None)
 
     @classmethod
     def from_config(cls, spark: SparkConfig) -> SparkResource:
         """The resource for the configuration's `spark` block."""
         named = {"spark.remote": spark.remote, "spark.master": spark.master}
-        return cls(spark_config={**spark.conf, **{k: v for k, v in named.items() if v}})
+        return cls(spark_config={**spark.conf, **{k: v for k, v in named.items() if v}},
+                   local_server_idle_timeout_s=spark.local_server_idle_timeout.total_seconds())
 
     def spark_settings(self) -> SparkConfig:
         settings: Mapping[str, Any] = self.spark_config
         rest = {k: str(v) for k, v in settings.items() if k not in ("spark.remote", "spark.master")}
-        return SparkConfig(str(settings.get("spark.remote", "")), str(settings.get("spark.master", "")), rest)
+        return SparkConfig(str(settings.get("spark.remote", "")), str(settings.get("spark.master", "")), rest,
+                           _dt.timedelta(seconds=self.local_server_idle_timeout_s))
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         from snapshot_assets.spark.session import open_spark

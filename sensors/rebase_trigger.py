@@ -40,9 +40,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import logging
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,24 +49,24 @@ from resources.buffer import BufferStats
 from resources.buffer.errors import ChangeBufferError
 from resources.destinations.base import DestinationError
 from snapshot_assets.archive.errors import ArchiveError
-from snapshot_assets.config import SparkConfig
 from snapshot_assets.jobs import diff_job, snapshot_job
-from snapshot_assets.pipeline.decide import DiffSize, NextArtifact, next_artifact
+from snapshot_assets.pipeline.decide import NextArtifact, next_artifact
+from snapshot_assets.pipeline.diff_size import MeasuringSpark, diff_size
 from snapshot_assets.pipeline.table import TablePipeline
 from snapshot_assets.run_history import UNSUCCESSFUL, FailureStreak, failure_streak, in_progress
 from snapshot_assets.tables import (
     ATTEMPT_TAG,
     BOUNDARY_TAG,
     FROM_TAG,
+    PARTITION_TAG,
     RETRY_OF_TAG,
     TABLE_TAG,
     TO_TAG,
     TRIGGER_TAG,
+    boundary,
     config,
     pipelines,
 )
-
-PARTITION_TAG = "dagster/partition"
 
 
 def busy(instance: dg.DagsterInstance, table: str) -> dg.DagsterRun | None:
@@ -123,98 +120,15 @@ class Attempt:
 
 def attempt(instance: dg.DagsterInstance, pipe: TablePipeline, nxt: NextArtifact) -> Attempt:
     """The attempt at `nxt`'s boundary that is due, derived from the run records alone (module doc)."""
-    boundary = f"{pipe.name}:{nxt.run_key}"
-    failed = instance.get_run_records(dg.RunsFilter(tags={BOUNDARY_TAG: boundary}, statuses=UNSUCCESSFUL), limit=1)
+    key = boundary(pipe.name, nxt)
+    failed = instance.get_run_records(dg.RunsFilter(tags={BOUNDARY_TAG: key}, statuses=UNSUCCESSFUL), limit=1)
     previous = failed[0].dagster_run if failed else None
     number = 0
     if previous is not None:
         tag = previous.tags.get(ATTEMPT_TAG, "0")
         number = (int(tag) if tag.isdigit() else 0) + 1
     streak = failure_streak(instance, {TABLE_TAG: pipe.name})
-    return Attempt(boundary, number, previous, streak, streak.retry_due(pipe.cfg.retry))
-
-
-MEASURE_BUDGET_S = 40.0
-"""Seconds a tick may spend measuring pending diffs (Dagster's default sensor timeout is 60 s)."""
-MEASURE_RETRIES = 4
-"""Retries of a Spark Connect call while measuring (about 3 s in all), instead of the client's ~10 minutes."""
-
-
-def bound_retries(spark: Any) -> None:
-    """Make a Spark Connect session give up on an endpoint that does not answer within seconds.
-
-    Why: the client's default policy retries for about ten minutes, and its threads keep the
-    process alive that long (a daemon's sensor tick, a test run). A classic session has no client.
-    """
-    client = getattr(spark, "client", None)
-    if client is not None:
-        from pyspark.sql.connect.client.retries import DefaultPolicy
-
-        client.set_retry_policies([DefaultPolicy(max_retries=MEASURE_RETRIES, max_backoff=2000)])
-
-
-class MeasuringSpark:
-    """The Spark session a tick measures pending diffs with: opened at the first measurement, within
-    the tick's budget; once the budget is spent or a measurement hangs, the tick stops asking."""
-
-    def __init__(self, spark_config: SparkConfig, budget_s: float = MEASURE_BUDGET_S) -> None:
-        self.spark_config = spark_config
-        self.budget_s = budget_s
-        self.deadline = time.monotonic() + budget_s
-        self.unavailable = ""
-        self._runtime: Any = None
-
-    def _session(self) -> Any:
-        if self._runtime is None:
-            from snapshot_assets.spark.session import open_spark, ship_project_code
-
-            remote = bool(self.spark_config.remote)
-            self._runtime = open_spark(self.spark_config, app_name="snapshotter-rebase-trigger", ship_code=not remote)
-            bound_retries(self._runtime.spark)
-            if remote:  # shipped after bounding: shipping is the first call to the endpoint
-                ship_project_code(self._runtime.spark, connect=True)
-        return self._runtime.spark
-
-    def measure(self, pipe: TablePipeline, from_position: str, to_position: str) -> int:
-        """The pending diff's bytes in the primary format; raises when it cannot be measured in time."""
-        from snapshot_assets.pipeline.diff_size import SparkDiffSize
-
-        if self.unavailable:
-            raise TimeoutError(self.unavailable)
-        outcome: dict[str, Any] = {}
-
-        def work() -> None:
-            try:
-                outcome["size"] = SparkDiffSize(self._session(), pipe)(from_position, to_position)
-            except Exception as e:  # handed to the tick below
-                outcome["error"] = e
-
-        worker = threading.Thread(target=work, name=f"measure-{pipe.name}", daemon=True)
-        worker.start()
-        worker.join(max(0.0, self.deadline - time.monotonic()))
-        if worker.is_alive():  # left to the client's own retries; this tick measures nothing more
-            self.unavailable = f"no measurement within the tick's budget of {self.budget_s:.0f}s"
-            raise TimeoutError(self.unavailable)
-        if "error" in outcome:
-            raise outcome["error"]
-        return int(outcome["size"])
-
-    def close(self) -> None:
-        if self._runtime is not None and not self.unavailable:
-            self._runtime.stop()
-        self._runtime = None
-
-
-def diff_size(pipe: TablePipeline, spark: MeasuringSpark, stand_in: int, log: logging.Logger) -> DiffSize:
-    """The table's pending diff measured by Spark, or `stand_in` (the buffer's bytes) when it cannot be."""
-    def measure(from_position: str, to_position: str) -> int:
-        try:
-            return spark.measure(pipe, from_position, to_position)
-        except Exception as e:  # any failure of the runtime or the job: decide on the stand-in, say why
-            log.warning(f"{pipe.name}: cannot measure the pending diff with Spark ({type(e).__name__}: {e}); "
-                        f"the size triggers judge the buffer's {stand_in} bytes since the head instead")
-            return stand_in
-    return measure
+    return Attempt(key, number, previous, streak, streak.retry_due(pipe.cfg.retry))
 
 
 def shortest_interval() -> int:

@@ -13,7 +13,8 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import dagster as dg
@@ -33,7 +34,9 @@ from snapshot_assets.redaction import install_log_redaction, redact
 
 if TYPE_CHECKING:
     from resources.capture.settings import CaptureSettings
+    from snapshot_assets.launch import Launcher
     from snapshot_assets.pipeline.table import TablePipeline
+    from snapshot_assets.spark.connect_server import ServerStatus
 
 
 class CliError(Exception):
@@ -52,6 +55,28 @@ def _add_store_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--key-prefix", default="", help='the table\'s key prefix inside the destination (e.g. "users/")')
     g.add_argument("--positions", choices=sorted(COMPARATORS), default="lsn",
                    help="how positions are ordered (PostgreSQL LSNs by default)")
+
+
+def _add_workspace_flags(p: argparse.ArgumentParser, why: str) -> None:
+    g = p.add_argument_group("Dagster", f"{why} to the instance of $DAGSTER_HOME, for the daemon to run")
+    g.add_argument("--workspace", default="workspace.yaml",
+                   help="the workspace file naming the code location (default: workspace.yaml)")
+    g.add_argument("--location", help="the code location in it (default: its only one)")
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--verbose", action="store_true",
+                   help="print Dagster's event log and the log records to the terminal instead of a file")
+    g.add_argument("--log-file", help="write the event log here (default: run: a new file under "
+                                      ".snapshotter/logs; demo: events.log in its --dir)")
+
+
+def _log_path(args: argparse.Namespace, default: Callable[[], Path]) -> Path | None:
+    """Where the command's event log goes: --log-file, else `default()`; None (the terminal) with --verbose."""
+    if args.verbose:
+        return None
+    return Path(args.log_file).absolute() if args.log_file else default()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing = sub.add_parser("ingest", help="run the subscribers into the change buffer until stopped")
     ing.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
     ing.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
+    _add_workspace_flags(ing, "on SIGTERM/SIGINT, once the buffers are sealed, the final diff runs are submitted")
 
     once = sub.add_parser("run", help="catch every configured table up to the source position seen at start")
     once.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -85,22 +111,34 @@ def build_parser() -> argparse.ArgumentParser:
     once.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
     once.add_argument("--force-snapshot", action="store_true", help="start with a snapshot whatever the policy says")
     once.add_argument("--no-ingest", action="store_true", help="only archive what the buffer already holds")
+    _add_output_flags(once)
 
     demo = sub.add_parser("demo", help="the whole pipeline on embedded defaults (generator, local archive, Spark)")
     demo.add_argument("--dir", default=".snapshotter", help="the demo's working directory (recreated)")
     demo.add_argument("--cycles", type=int, default=5)
     demo.add_argument("--changes-per-cycle", type=int, default=3000)
+    _add_output_flags(demo)
+
+    spk = sub.add_parser("spark", help="the local Spark Connect server of this directory: status, stop")
+    spk.add_argument("action", choices=("status", "stop"))
+    spk.add_argument("--state-dir", help="the server's state directory (default: the one runs started in this "
+                                         "directory use)")
 
     st = sub.add_parser("status", help="per table: epoch, head, source lag, buffer, trigger, outbox, health")
     st.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
     st.add_argument("--output", choices=("table", "json"), default="table")
     st.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
 
-    met = sub.add_parser("serve-metrics", help="serve Prometheus metrics of every configured table")
-    met.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
-    met.add_argument("--host", default="0.0.0.0")
-    met.add_argument("--port", type=int, default=9464)
-    met.add_argument("--interval", type=float, default=15.0, help="seconds between status collections")
+    for name, port, interval, text in (
+            ("serve", 8080, 5.0, "laredo's HTTP API: /health/live, /health/ready, /status, /metrics, POST /snapshot"),
+            ("serve-metrics", 9464, 15.0, "the same HTTP API as `serve` (the former metrics-only exporter's "
+                                          "name and port)")):
+        srv = sub.add_parser(name, help=text)
+        srv.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+        srv.add_argument("--host", default="0.0.0.0")
+        srv.add_argument("--port", type=int, default=port)
+        srv.add_argument("--interval", type=float, default=interval, help="seconds between status collections")
+        _add_workspace_flags(srv, "POST /snapshot submits force_snapshot runs")
 
     fan = sub.add_parser("fanout-serve", help="serve a configured table over the laredo fan-out protocol")
     fan.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -187,13 +225,33 @@ def cmd_ingest(args: argparse.Namespace, out: TextIO) -> int:
     from snapshot_assets.services import install_stop_signals, run_ingest_service
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _use_config(args.config)  # the code location loaded for the final runs reads the same tables
     stop = threading.Event()
     install_stop_signals(stop)
     outcomes = run_ingest_service(load_config(args.config), args.table, stop=stop)
+    finals = _final_artifacts(args, [o.table for o in outcomes])
     for o in outcomes:
         state = f"failed: {o.error}" if o.error else f"stopped at {o.result.durable_position if o.result else '-'}"
-        out.write(f"{o.table}: {state}\n")
+        out.write(f"{o.table}: {state}; {finals.get(o.table, '')}\n")
     return 1 if any(o.error for o in outcomes) else 0
+
+
+def _final_artifacts(args: argparse.Namespace, tables: Sequence[str]) -> dict[str, str]:
+    """Graceful shutdown: the final diff of every table with buffered changes, submitted to the
+    $DAGSTER_HOME instance (snapshot_assets/shutdown.py); per table, what was done."""
+    from snapshot_assets.pipeline.table import TablePipeline
+    from snapshot_assets.shutdown import request_final_artifacts
+    from snapshot_assets.status import dagster_home_instance
+
+    launch, why = launcher(args, dagster_home_instance())
+    if launch is None:
+        return dict.fromkeys(tables, f"no final diff requested ({why}): the trigger sensor or "
+                                     "`snapshotter run --once --no-ingest` archives the sealed changes")
+    config = load_config(args.config)
+    with launch:
+        done = request_final_artifacts([TablePipeline(config.table(t)) for t in tables], launch.instance,
+                                       launch.submit)
+    return {r.table: r.detail for r in done}
 
 
 def _use_config(path: str | None) -> None:
@@ -209,24 +267,65 @@ def dagster_instance() -> dg.DagsterInstance:
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     from snapshot_assets.run_once import run_once
+    from snapshot_assets.run_output import DEFAULT_LOG_DIR, command_output, default_log_path
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     _use_config(args.config)
     config = load_config(args.config)
-    for outcome in run_once(config, args.table, instance=dagster_instance(), force=args.force_snapshot,
-                            ingest=not args.no_ingest):
-        wrote = ", ".join(outcome.artifacts) or "nothing new"
-        out.write(f"{outcome.table}: buffer at {outcome.ingested_to}, head {outcome.head or '-'}; wrote {wrote}\n")
+    with command_output(out, _log_path(args, lambda: default_log_path(DEFAULT_LOG_DIR.absolute(), "run-once"))) \
+            as output:
+        for outcome in run_once(config, args.table, instance=dagster_instance(), force=args.force_snapshot,
+                                ingest=not args.no_ingest, output=output):
+            wrote = ", ".join(outcome.artifacts) or "nothing new"
+            output.view.line(f"{outcome.table}: buffer at {outcome.ingested_to}, head {outcome.head or '-'}; "
+                             f"wrote {wrote}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    from pathlib import Path
-
     from snapshot_assets.demo import run_demo
 
-    logging.basicConfig(level=logging.WARNING)
-    return run_demo(out, workdir=Path(args.dir).resolve(), cycles=args.cycles, per_cycle=args.changes_per_cycle)
+    workdir = Path(args.dir).resolve()
+    return run_demo(out, workdir=workdir, cycles=args.cycles, per_cycle=args.changes_per_cycle,
+                    log_path=_log_path(args, lambda: workdir / "events.log"))
+
+
+def cmd_spark(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.spark.connect_server import (
+        DEFAULT_STATE_DIR,
+        last_stop,
+        server_status,
+        stop_local_connect_server,
+    )
+
+    state_dir = args.state_dir or DEFAULT_STATE_DIR
+    status = server_status(state_dir)
+    if args.action == "stop":
+        stopped = stop_local_connect_server(state_dir)
+        out.write(f"stopped the local Spark Connect server (pid {status.info.pid})\n" if stopped and status
+                  else "stopped the local Spark Connect server\n" if stopped
+                  else f"no local Spark Connect server runs under {state_dir}\n")
+        return 0
+    if status is None:
+        why = last_stop(state_dir)
+        out.write(f"no local Spark Connect server runs under {state_dir}"
+                  f"{f' (the last one stopped: {why})' if why else ''}\n")
+        return 0
+    out.write(render_server_status(status))
+    return 0
+
+
+def render_server_status(status: ServerStatus) -> str:
+    """`snapshotter spark status` of a running server, one fact per line."""
+    from snapshot_assets.spark.connect_server import human_duration
+
+    info, idle = status.info, status.idle_s
+    sessions = "unknown (connections cannot be counted here)" if status.sessions is None else str(status.sessions)
+    idle_text = "no (in use)" if status.sessions else human_duration(idle) if idle is not None else "unknown"
+    rows = [("pid", str(info.pid)), ("port", str(info.port)), ("uptime", human_duration(status.uptime_s)),
+            ("sessions", sessions), ("idle", idle_text),
+            ("rss", f"{status.rss_bytes / 2**20:.0f} MiB" if status.rss_bytes else "unknown"),
+            ("stops", status.stop_rule()), ("log", info.log_path)]
+    return "".join(f"{name:<9}{value}\n" for name, value in rows)
 
 
 def cmd_fanout_serve(args: argparse.Namespace, out: TextIO) -> int:
@@ -269,19 +368,42 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def cmd_serve_metrics(args: argparse.Namespace, out: TextIO) -> int:
-    from snapshot_assets.metrics import serve
+def launcher(args: argparse.Namespace, instance: dg.DagsterInstance | None) -> tuple[Launcher | None, str]:
+    """The run launcher of `--workspace` on `instance` (the $DAGSTER_HOME one), or why there is none."""
+    from pathlib import Path
+
+    from snapshot_assets.launch import Launcher, LaunchError, workspace_origin
+
+    if instance is None:
+        return None, "no Dagster instance: set DAGSTER_HOME to the instance the daemon uses"
+    try:
+        return Launcher(instance, workspace_origin(Path(args.workspace), args.location)), ""
+    except LaunchError as e:
+        return None, str(e)
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.http_api import serve
     from snapshot_assets.services import install_stop_signals
     from snapshot_assets.status import dagster_home_instance, statuses
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _use_config(args.config)  # the code location loaded for POST /snapshot reads the same tables
     args.table = []
     pipes = _pipelines(args)
     instance = dagster_home_instance()
+    launch, why = launcher(args, instance)
+    if launch is None:
+        logging.getLogger(__name__).warning("POST /snapshot is off: %s", why)
     stop = threading.Event()
     install_stop_signals(stop)
-    serve(lambda: statuses(pipes, instance=instance), port=args.port, addr=args.host, interval=args.interval,
-          stop=stop)
+    try:
+        serve(lambda: statuses(pipes, instance=instance), tables=[p.name for p in pipes], port=args.port,
+              addr=args.host, interval=args.interval, submit=launch.submit if launch else None,
+              no_submit_reason=why, stop=stop)
+    finally:
+        if launch is not None:
+            launch.close()
     return 0
 
 
@@ -324,7 +446,8 @@ def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
 
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
-            "serve-metrics": cmd_serve_metrics, "capture-serve": cmd_capture_serve, "replay": cmd_replay}
+            "serve": cmd_serve, "serve-metrics": cmd_serve, "spark": cmd_spark, "capture-serve": cmd_capture_serve,
+            "replay": cmd_replay}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

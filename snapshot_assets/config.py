@@ -132,6 +132,10 @@ class SparkConfig:
     remote: str = ""
     master: str = ""
     conf: Mapping[str, str] = field(default_factory=dict)
+    # The local Spark Connect server (neither remote nor master) stops after this long without a
+    # session; 0 keeps it until `snapshotter spark stop`. 15 minutes keeps a sensor's or a person's
+    # runs warm without leaving a 1-2 GB JVM behind for good.
+    local_server_idle_timeout: _dt.timedelta = _dt.timedelta(minutes=15)
 
 
 @dataclass(frozen=True)
@@ -652,7 +656,9 @@ def _from_tree(tree: ConfigTree, file: str, env: Mapping[str, str] | None) -> Sn
     http.done()
     spark_s = root.sub("spark")
     spark = SparkConfig(remote=spark_s.string("remote"), master=spark_s.string("master"),
-                        conf={k: str(v) for k, v in spark_s.sub("conf").plain().items()})
+                        conf={k: str(v) for k, v in spark_s.sub("conf").plain().items()},
+                        local_server_idle_timeout=spark_s.get("local_server_idle_timeout", parse_duration,
+                                                              SparkConfig.local_server_idle_timeout))
     spark_s.done()
     buffer = _buffer(root.sub("buffer") if root.has("buffer") else _Section({}, "", file), BufferConfig(), credentials)
     capture = _capture(root.sub("capture"), credentials) if root.has("capture") else None

@@ -5,7 +5,7 @@ Prometheus counter would reset with each of them. Instead each table has a small
 `<buffer.path>/_metrics/<table>.json` (the working root: a local directory or an S3 prefix),
 `{metric: {label: value}}`, updated read-modify-write with a conditional write (compare-and-swap,
 retried on a conflict) so processes on other hosts add up correctly; the exporter
-(`snapshotter serve-metrics`) and the manifest's materialization metadata read it.
+(`snapshotter serve`) and the manifest's materialization metadata read it.
 
 Destination and sink failures are counted where they happen, by thin wrappers around the
 destination and the sink: whoever calls them (the artifact upload, the manifest commit, a

@@ -20,7 +20,7 @@ from snapshot_assets.assets import diff, manifest, snapshot
 from snapshot_assets.run_history import INGEST_JOB
 from snapshot_assets.services import ingest_table as ingest_loop
 from snapshot_assets.services import run_ingest_service
-from snapshot_assets.tables import INGEST_TABLE_TAG, config, table_pipeline
+from snapshot_assets.tables import INGEST_TABLE_TAG, config, pipeline, table_pipeline
 
 diff_job = dg.define_asset_job("diff_job", selection=[diff, manifest],
                                description="Write a diff (the net change per key since the head) and commit it.")
@@ -54,10 +54,38 @@ def ingest_table(context: dg.OpExecutionContext, subscribers: SubscriberResource
     except KeyError as e:
         raise dg.Failure(str(e.args[0])) from None
     loop = functools.partial(ingest_loop, subscribers=subscribers, buffers=change_buffers)
-    (outcome,) = run_ingest_service(config(), [chosen.name], stop=threading.Event(), ingest=loop)
+    try:
+        (outcome,) = run_ingest_service(config(), [chosen.name], stop=threading.Event(), ingest=loop)
+    except BaseException:  # terminated (SIGTERM, Dagster's termination): sealed by now
+        _stopped(context, chosen.name)
+        raise
     if outcome.error is not None:
         raise dg.Failure(f"ingest of {outcome.table} failed: {type(outcome.error).__name__}: {outcome.error}")
     context.log.info(f"{outcome.table}: the source ended")
+
+
+def _stopped(context: dg.OpExecutionContext, table: str) -> None:
+    """Graceful shutdown (snapshot_assets/shutdown.py): submit the table's final diff to the code
+    location this run came from, and end the run CANCELED, not FAILURE.
+
+    A SIGTERM from outside Dagster (a pod deleted on a redeploy) is a stop request, as Dagster's
+    own termination is; Dagster records an interruption it did not request as a failure, which
+    would alert and delay the supervisor's relaunch by the failure backoff. Marking the run
+    CANCELING first makes Dagster end it CANCELED. Failures here are logged, never raised over
+    the interruption.
+    """
+    from snapshot_assets.launch import launcher_for_run
+    from snapshot_assets.shutdown import request_final_artifacts
+
+    run = context.instance.get_run_by_id(context.run_id)
+    if run is not None and run.status not in (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED):
+        context.instance.report_run_canceling(run, message=f"{table}: ingest stopped by a signal (graceful shutdown)")
+    try:
+        with launcher_for_run(context.instance, context.run) as launcher:
+            (request,) = request_final_artifacts([pipeline(table)], context.instance, launcher.submit)
+        context.log.info(f"{table}: stopped; {request.detail}")
+    except Exception as e:
+        context.log.warning(f"{table}: stopped; the final artifact could not be requested: {type(e).__name__}: {e}")
 
 
 @dg.job(name=INGEST_JOB, description="The long-running ingest run of one table (tag snapshotter/ingest_table); "

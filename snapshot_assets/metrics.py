@@ -1,4 +1,4 @@
-"""Prometheus metrics: `snapshotter serve-metrics`, and the same numbers as Dagster asset metadata.
+"""Prometheus metrics: `GET /metrics` of `snapshotter serve`, and the same numbers as Dagster asset metadata.
 
 Gauges come from the table status (status.py: manifest, buffer index, source, outbox); counters
 from the persisted counter files (counters.py), because every Dagster run is its own process and
@@ -6,9 +6,10 @@ an in-process counter would restart at zero with each. One function, `samples`, 
 into named, labelled values; the exporter and the manifest's materialization metadata both use it,
 so the UI and Prometheus cannot disagree.
 
-The exporter refreshes the statuses in a background thread (`interval`) and scrapes read the last
+The collector refreshes the statuses in a background thread (`interval`) and scrapes read the last
 collection: a scrape never waits on a slow or dead destination (the collection does, and
-`snapshotter_status_collected_timestamp_seconds` shows how fresh it is).
+`snapshotter_status_collected_timestamp_seconds` shows how fresh it is). The HTTP API (http_api.py)
+serves the same collection as `/status` and `/health/ready`, so they cannot disagree either.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from snapshot_assets.archive.positions import parse_lsn
 from snapshot_assets.counters import ARTIFACTS_WRITTEN, CAS_RETRIES, DESTINATION_ERRORS, EVENT_ERRORS
 from snapshot_assets.redaction import redact
 from snapshot_assets.status import TableStatus, table_status
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from snapshot_assets.pipeline.table import TablePipeline
 
 log = logging.getLogger(__name__)
@@ -50,6 +54,10 @@ class Sample:
 
 GAUGES: tuple[tuple[str, str, Callable[[TableStatus], float | None]], ...] = (
     ("epoch", "Epoch of the manifest head (one per snapshot).", lambda s: s.epoch),
+    ("manifest_head_position", "The manifest's head position as a number (a PostgreSQL LSN: hi<<32|lo).",
+     lambda s: parse_lsn(s.head_position or "")),
+    ("diffs_since_snapshot", "Diffs committed after the newest snapshot (what a reader replays on top of it).",
+     lambda s: s.diffs_since_snapshot),
     ("buffer_depth", "Changes in the buffer after the manifest head (what the next artifact holds).",
      lambda s: s.buffered_changes),
     ("diff_bytes", "Bytes of buffered changes after the head (the snapshot.max_diff_bytes input).",
@@ -127,23 +135,38 @@ class StatusCollector:
             self._statuses, self._collected_at = statuses, time.time()
 
     def start(self) -> threading.Thread:
+        """Collect now and every `interval` on a thread (the first collection does not delay the caller:
+        a server answers its liveness probe while a slow destination is still being read)."""
         def loop() -> None:
+            self.refresh()
             while not self._stop.wait(self.interval):
                 self.refresh()
 
-        self.refresh()
-        thread = threading.Thread(target=loop, name="snapshotter-metrics", daemon=True)
+        thread = threading.Thread(target=loop, name="snapshotter-status", daemon=True)
         thread.start()
         return thread
 
     def stop(self) -> None:
         self._stop.set()
 
+    def latest(self) -> tuple[Sequence[TableStatus], float]:
+        """The last collection and when it was made (unix time; 0 before the first one)."""
+        with self._lock:
+            return self._statuses, self._collected_at
+
+    def registry(self) -> CollectorRegistry:
+        """A Prometheus registry holding this collector and the process's own metrics."""
+        from prometheus_client import CollectorRegistry, ProcessCollector
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)  # type: ignore[arg-type]  # a duck-typed Collector
+        ProcessCollector(registry=registry)
+        return registry
+
     def collect(self) -> Iterator[object]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        with self._lock:
-            statuses, collected_at = self._statuses, self._collected_at
+        statuses, collected_at = self.latest()
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         for status in statuses:
             for s in samples(status):
@@ -158,22 +181,3 @@ class StatusCollector:
                                   "When the statuses behind these metrics were collected (unix time).")
         stamp.add_metric([], collected_at)
         yield stamp
-
-
-def serve(collect: Callable[[], Sequence[TableStatus]], *, port: int, addr: str = "0.0.0.0",
-          interval: float = 15.0, stop: threading.Event | None = None) -> None:
-    """Serve /metrics on `addr:port` until `stop` is set (or forever)."""
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    collector = StatusCollector(collect, interval)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)  # type: ignore[arg-type]  # a duck-typed Collector
-    collector.start()
-    server, thread = start_http_server(port, addr=addr, registry=registry)
-    log.info("serving snapshotter metrics on http://%s:%d/metrics", addr, port)
-    try:
-        (stop or threading.Event()).wait()
-    finally:
-        collector.stop()
-        server.shutdown()
-        thread.join()

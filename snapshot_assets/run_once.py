@@ -4,7 +4,8 @@ Per table: ingest until the buffer holds everything the source had when the comm
 PostgreSQL, `pg_current_wal_lsn()` at start; a finite source until its end; otherwise until the
 stream goes quiet), then ask the same decision the re-base trigger sensor asks and materialize the
 same assets (diff or snapshot, then manifest) in process, until nothing is left to write. Exit
-status 0 means every table's archive reached its buffer's durable position.
+status 0 means every table's archive reached its buffer's durable position. With a `RunOutput`
+(the CLI's), progress goes to its live view and Dagster's event log to its file (`run_output`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ from resources.buffer import BufferReader
 from resources.buffer_resource import buffer_storage
 from snapshot_assets.archive.positions import comparator, format_lsn
 from snapshot_assets.config import SnapshotterConfig, TableConfig
+from snapshot_assets.pipeline.diff_size import MeasuringSpark, diff_size
+from snapshot_assets.progress import LiveView, rate
+from snapshot_assets.run_output import RunOutput
 from snapshot_assets.services import ingest_table
 
 log = logging.getLogger(__name__)
+RUN_MEASURE_BUDGET_S = 300.0  # seconds `run --once` may spend measuring pending diffs (it runs Spark anyway)
 
 
 @dataclass
@@ -81,11 +86,13 @@ def _quoted(name: str) -> str:
 
 
 def ingest_until_caught_up(table: TableConfig, *, idle_s: float = 2.0, timeout_s: float = 600.0,
-                           ingest: Callable[[TableConfig, threading.Event], object] = ingest_table) -> str | None:
+                           ingest: Callable[[TableConfig, threading.Event], object] = ingest_table,
+                           view: LiveView | None = None) -> str | None:
     """Run the table's ingest loop until the buffer reaches the start-time source position.
 
     Done when the source ends (finite), when the durable position reaches the target, or — for a
-    source that cannot say where it is — when nothing new became durable for `idle_s`.
+    source that cannot say where it is — when nothing new became durable for `idle_s`. `view`
+    shows the changes made durable since the start (the buffer index's counts) as they grow.
     """
     target = source_position_now(table)
     log.info("%s: catching up to %s", table.name,
@@ -104,12 +111,14 @@ def ingest_until_caught_up(table: TableConfig, *, idle_s: float = 2.0, timeout_s
     thread.start()
     reader = BufferReader(table.buffer.path, table.name, storage=buffer_storage(table))
     last, last_change, deadline = None, time.monotonic(), time.monotonic() + timeout_s
+    shown = _IngestShown(table.name, view, _durable(reader))
     try:
         while thread.is_alive():
             thread.join(timeout=0.2)
             durable = _durable(reader)
             if durable != last:
                 last, last_change = durable, time.monotonic()
+                shown.update(reader, durable)
             if target is not None and durable is not None and (not target or cmp(durable, target) >= 0):
                 break
             if target is None and durable is not None and time.monotonic() - last_change >= idle_s:
@@ -121,7 +130,37 @@ def ingest_until_caught_up(table: TableConfig, *, idle_s: float = 2.0, timeout_s
         thread.join()
     if errors:
         raise RuntimeError(f"{table.name}: ingest failed: {errors[0]}") from errors[0]
-    return _durable(reader)
+    durable = _durable(reader)
+    shown.finish(reader, durable)
+    return durable
+
+
+class _IngestShown:
+    """The ingest line of the live view: changes durable since the start, their rate, the position."""
+
+    def __init__(self, table: str, view: LiveView | None, start: str | None) -> None:
+        self.table, self.view, self.start = table, view, start
+        self.started = self.shown_at = time.monotonic()
+
+    def _changes(self, reader: BufferReader) -> int:
+        return reader.stats(self.start).changes if self.start else reader.stats().changes
+
+    def update(self, reader: BufferReader, durable: str | None) -> None:
+        now = time.monotonic()
+        if self.view is None or now - self.shown_at < 0.5:  # the index is read at most twice a second
+            return
+        self.shown_at = now
+        changes = self._changes(reader)
+        self.view.status(self.table, "ingest", f"{changes:,} changes durable ({rate(changes, now - self.started)}), "
+                                               f"at {durable}", since=self.started)
+
+    def finish(self, reader: BufferReader, durable: str | None) -> None:
+        if self.view is None:
+            return
+        seconds = time.monotonic() - self.started
+        changes = self._changes(reader) if durable != self.start else 0
+        self.view.result(self.table, f"ingested {changes:,} changes in {seconds:.1f}s ({rate(changes, seconds)}), "
+                                     f"buffer durable at {durable or '-'}")
 
 
 def _durable(reader: BufferReader) -> str | None:
@@ -132,20 +171,30 @@ def _durable(reader: BufferReader) -> str | None:
 
 
 def catch_up(defs: dg.Definitions, table: str, *, instance: dg.DagsterInstance, force: bool = False,
-             max_artifacts: int = 10) -> TableOutcome:
-    """Materialize artifacts until the sensor's decision says there is nothing left to write."""
+             max_artifacts: int = 10, output: RunOutput | None = None,
+             measuring: MeasuringSpark | None = None) -> TableOutcome:
+    """Materialize artifacts until the sensor's decision says there is nothing left to write.
+
+    With `output`, each run is watched by it (live view, event log file); without, Dagster logs as
+    it is configured to (its console logger). With `measuring`, the size triggers judge the pending
+    diff's encoded size as the sensor's do (else the buffer's bytes)."""
     from snapshot_assets.tables import FROM_TAG, TABLE_TAG, TO_TAG, TRIGGER_TAG, pipeline
 
     pipe = pipeline(table)
     outcome = TableOutcome(table, pipe.buffer().durable_position())
     for i in range(max_artifacts):
-        nxt = pipe.decide(force=force and i == 0)
+        sizes = None
+        if measuring is not None:
+            stand_in = pipe.buffer().stats(pipe.manifest().head_position or None).bytes
+            sizes = diff_size(pipe, measuring, stand_in, log)
+        nxt = pipe.decide(force=force and i == 0, diff_size=sizes)
         if nxt.kind == "none":
             break
         job = defs.resolve_job_def("diff_job" if nxt.kind == "diff" else "snapshot_job")
         tags = {TABLE_TAG: table, TRIGGER_TAG: nxt.trigger, FROM_TAG: nxt.from_position or "",
                 TO_TAG: nxt.to_position or ""}
-        result = job.execute_in_process(partition_key=table, tags=tags, instance=instance, raise_on_error=True)
+        result = (output.execute(job, table, nxt, instance=instance, tags=tags) if output is not None else
+                  job.execute_in_process(partition_key=table, tags=tags, instance=instance, raise_on_error=True))
         if not result.success:
             raise RuntimeError(f"{table}: the {nxt.kind} run failed")
         outcome.artifacts.append(f"{nxt.kind}@{nxt.to_position} ({nxt.trigger})")
@@ -156,14 +205,21 @@ def catch_up(defs: dg.Definitions, table: str, *, instance: dg.DagsterInstance, 
 
 
 def run_once(config: SnapshotterConfig, tables: Sequence[str] = (), *, instance: dg.DagsterInstance,
-             force: bool = False, ingest: bool = True) -> list[TableOutcome]:
+             force: bool = False, ingest: bool = True, output: RunOutput | None = None) -> list[TableOutcome]:
     from snapshot_assets.definitions import defs
 
     chosen = [config.table(t) for t in tables] if tables else list(config.tables)
+    sized = any(t.policy.max_diff_bytes or t.policy.max_diff_fraction for t in chosen)
+    measuring = MeasuringSpark(config.spark, budget_s=RUN_MEASURE_BUDGET_S) if sized else None
     outcomes = []
-    for table in chosen:
-        if ingest:
-            ingested = ingest_until_caught_up(table)
-            log.info("%s: buffer durable at %s", table.name, ingested)
-        outcomes.append(catch_up(defs, table.name, instance=instance, force=force))
+    try:
+        for table in chosen:
+            if ingest:
+                ingested = ingest_until_caught_up(table, view=output.view if output is not None else None)
+                log.info("%s: buffer durable at %s", table.name, ingested)
+            outcomes.append(catch_up(defs, table.name, instance=instance, force=force, output=output,
+                                     measuring=measuring))
+    finally:
+        if measuring is not None:
+            measuring.close()
     return outcomes

@@ -60,6 +60,10 @@ class TableStatus:
     epoch: int | None = None
     head_position: str | None = None
     artifacts: int | None = None
+    last_snapshot_position: str | None = None
+    last_diff_at: str | None = None
+    last_diff_position: str | None = None
+    diffs_since_snapshot: int | None = None  # the diffs a reader replays after the newest snapshot
     durable_position: str | None = None
     source_position: str | None = None
     source_position_from: str = ""  # "pg_current_wal_lsn" | "buffer" | ""
@@ -109,6 +113,18 @@ def _manifest(pipe: TablePipeline, status: TableStatus) -> Manifest | None:
     except ArchiveError as e:
         status.errors.append(str(e))
         return None
+
+
+def _chain(m: Manifest, status: TableStatus) -> None:
+    """The newest snapshot and diff of the manifest, and how many diffs follow that snapshot."""
+    status.epoch, status.head_position, status.artifacts = m.epoch, m.head_position, len(m.artifacts)
+    snap = m.latest_snapshot()
+    if snap is not None:
+        status.last_snapshot_position = snap.to_position
+        status.diffs_since_snapshot = sum(not a.is_snapshot for a in m.artifacts[m.artifacts.index(snap) + 1:])
+    last_diff = next((a for a in reversed(m.artifacts) if not a.is_snapshot), None)
+    if last_diff is not None:
+        status.last_diff_at, status.last_diff_position = last_diff.created_at, last_diff.to_position
 
 
 def source_position(table: TableConfig) -> str | None:
@@ -225,7 +241,7 @@ def table_status(pipe: TablePipeline, *, instance: dg.DagsterInstance | None = N
     status = TableStatus(pipe.name)
     m = _manifest(pipe, status)
     if m is not None:
-        status.epoch, status.head_position, status.artifacts = m.epoch, m.head_position, len(m.artifacts)
+        _chain(m, status)
     _buffer(pipe, m, status, now)
     _source(pipe, status)
     status.outbox_depth = outbox_depth(pipe)

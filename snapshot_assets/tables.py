@@ -14,8 +14,10 @@ from resources.aws_credentials import CredentialProfiles
 from resources.destinations_resource import DestinationsResource
 from resources.sinks_resource import EventSinksResource
 from snapshot_assets.config import SnapshotterConfig, load_config
+from snapshot_assets.pipeline.decide import NextArtifact
 from snapshot_assets.pipeline.table import TablePipeline
 
+PARTITION_TAG = "dagster/partition"  # Dagster's own: the table of an artifact run (the run queue's one-per-table key)
 TABLE_TAG = "snapshotter/table"
 TRIGGER_TAG = "snapshotter/trigger"
 FROM_TAG = "snapshotter/from_position"
@@ -24,6 +26,11 @@ BOUNDARY_TAG = "snapshotter/boundary"  # `table:kind:from:to`: every attempt at 
 ATTEMPT_TAG = "snapshotter/attempt"  # 0 for the first run of a boundary, N for its Nth retry
 RETRY_OF_TAG = "snapshotter/retry_of"  # the failed run a retry follows
 INGEST_TABLE_TAG = "snapshotter/ingest_table"  # the one table an ingest run feeds
+
+
+def boundary(table: str, nxt: NextArtifact) -> str:
+    """The BOUNDARY_TAG of every run (and attempt) that builds `nxt` for `table`."""
+    return f"{table}:{nxt.run_key}"
 
 
 @functools.cache

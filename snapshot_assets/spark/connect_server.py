@@ -17,6 +17,24 @@ The server's Python workers run this interpreter (`PYSPARK_PYTHON`), so they imp
 (tasks call the archive code) exactly as the driver does. Workers are reused and keep the modules
 they imported, so a server started by a different version of this code (a fingerprint of the
 project's source files, recorded in server.json) is restarted rather than reused.
+
+Idle stop: the server outlives the command that started it (warm runs), but not for good. A small
+watchdog process beside it (`watch`) ends it after `idle_timeout_s` (server.json; `spark {
+local_server_idle_timeout }`, default 15 minutes, 0 = never) without a client session. How the
+server side tells: a Spark Connect session is a gRPC channel, one HTTP/2 connection kept open
+from the session's creation to its `stop()`, so the server has a session exactly while it holds an
+ESTABLISHED TCP connection on its port; the watchdog counts those from the kernel's socket table
+(`/proc/<pid>/net/tcp[6]`, or `lsof` where there is no procfs). Why this signal rather than a
+heartbeat file touched by clients: it needs no cooperation from the client (dagster-pyspark's
+builder, a pyspark shell someone points at the URL), it cannot go stale while a session sits
+between two queries (a heartbeat needs a thread in every client), and a client killed with -9
+stops counting at once (the kernel closes its socket). The one gap, a process that has been handed
+the URL but has not connected yet, is closed by `ensure_local_connect_server` touching
+`<state_dir>/claimed` under the lock when it hands the server out (once it answers: a JVM still
+starting is not idle), and the watchdog stopping the server only under the same lock after
+checking both again: a server is not stopped between being handed out and being used.
+The watchdog records what it saw in `<state_dir>/activity.json` (sessions, idle since), which
+`server_status` (`snapshotter spark status`) reports with pid, port, uptime and RSS.
 """
 
 from __future__ import annotations
@@ -34,7 +52,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -45,6 +63,10 @@ START_TIMEOUT_S = 180.0
 _INFO_FILE = "server.json"
 _LOCK_FILE = "lock"
 _LOG_FILE = "server.log"
+_CLAIM_FILE = "claimed"  # touched whenever a process is handed the server (mtime = last claim)
+_ACTIVITY_FILE = "activity.json"  # the watchdog's last observation
+_WATCH_INTERVAL_S = 5.0
+_ESTABLISHED = "01"  # TCP state in /proc/net/tcp
 
 
 class ConnectServerError(RuntimeError):
@@ -61,6 +83,7 @@ class ServerInfo:
     started_at: float
     log_path: str
     code: str = ""  # fingerprint of the project code its Python workers import
+    idle_timeout_s: float = 0.0  # stopped by its watchdog after this long without a session; 0 = never
 
     @property
     def url(self) -> str:
@@ -128,7 +151,7 @@ def _load(state_dir: Path) -> ServerInfo | None:
     try:
         data = json.loads((state_dir / _INFO_FILE).read_text())
         return ServerInfo(int(data["pid"]), int(data["port"]), str(data["token"]), float(data["started_at"]),
-                          str(data["log_path"]), str(data.get("code", "")))
+                          str(data["log_path"]), str(data.get("code", "")), float(data.get("idle_timeout_s", 0.0)))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -173,13 +196,13 @@ def _server_env(token: str) -> dict[str, str]:
     return env
 
 
-def _launch(state_dir: Path, conf: Mapping[str, str], timeout_s: float) -> ServerInfo:
+def _launch(state_dir: Path, conf: Mapping[str, str], timeout_s: float, idle_timeout_s: float) -> ServerInfo:
     port, token = _free_port(), secrets.token_urlsafe(24)
     log_path = state_dir / _LOG_FILE
     with open(log_path, "ab") as out:
         process = subprocess.Popen(server_command(port, conf), stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, env=_server_env(token), start_new_session=True)
-    info = ServerInfo(process.pid, port, token, time.time(), str(log_path), code_fingerprint())
+    info = ServerInfo(process.pid, port, token, time.time(), str(log_path), code_fingerprint(), idle_timeout_s)
     _save(state_dir, info)  # recorded at once, so `stop` can end even a server that never answered
     _start_watchdog(state_dir, process.pid)
     deadline = time.monotonic() + timeout_s
@@ -197,11 +220,12 @@ def _launch(state_dir: Path, conf: Mapping[str, str], timeout_s: float) -> Serve
 
 
 def _start_watchdog(state_dir: Path, pid: int) -> None:
-    """A tiny process in the server's group that ends the server once nothing records it any more.
+    """A tiny process beside the server that ends it when it is idle or nothing records it any more.
 
-    A server outlives the run that started it by design; but if its state directory is deleted (a
-    demo folder removed, a test's tmp dir) nobody could find or stop it again, and a JVM holding
-    gigabytes would linger forever. The watchdog exits by itself within seconds of the server.
+    A server outlives the run that started it by design, but not for good: after its idle time
+    without a session (see the module docstring for how that is told), or at once when its state
+    directory is deleted (a demo folder removed, a test's tmp dir: nobody could find or stop it
+    again), a JVM holding gigabytes must not linger. The watchdog exits by itself with the server.
     """
     # Run as a plain script: this file imports only the standard library, so the watchdog stays small.
     subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "watch", str(state_dir), str(pid)],
@@ -209,24 +233,137 @@ def _start_watchdog(state_dir: Path, pid: int) -> None:
                      start_new_session=True)
 
 
-def watch(state_dir: Path, pid: int, interval_s: float = 5.0) -> None:
-    """The watchdog's loop: exit with the server; end it when server.json stops naming it."""
+def client_connections(pid: int, port: int) -> int | None:
+    """Client sessions of the server `pid` listening on `port`: its ESTABLISHED connections on that port.
+
+    Read from the kernel's table of the server's own network namespace (`/proc/<pid>/net/tcp`,
+    `tcp6`: a 127.0.0.1 listener may show as an IPv4-mapped IPv6 socket), else from `lsof` (macOS,
+    BSD). None when neither can tell: the caller must then assume the server is in use.
+    """
+    tables = [Path(f"/proc/{pid}/net/tcp"), Path(f"/proc/{pid}/net/tcp6")]
+    if tables[0].exists():
+        suffix = f":{port:04X}"
+        count = 0
+        for table in tables:
+            with contextlib.suppress(OSError):
+                for line in table.read_text().splitlines()[1:]:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[1].endswith(suffix) and fields[3] == _ESTABLISHED:
+                        count += 1
+        return count
+    return _lsof_connections(pid, port)
+
+
+def _lsof_connections(pid: int, port: int) -> int | None:
+    try:
+        done = subprocess.run(["lsof", "-nP", "-a", "-p", str(pid), f"-iTCP:{port}", "-sTCP:ESTABLISHED", "-Fn"],
+                              capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode not in (0, 1):  # 1: nothing matched
+        return None
+    # -Fn: one "n<local>-><remote>" line per socket; the server's own side has the port as local end.
+    return sum(1 for line in done.stdout.splitlines()
+               if line.startswith("n") and line[1:].split("->")[0].endswith(f":{port}"))
+
+
+def _claimed_at(state_dir: Path) -> float:
+    try:
+        return (state_dir / _CLAIM_FILE).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _claim(state_dir: Path) -> None:
+    """Record that a process was just handed the server (it connects within moments)."""
+    (state_dir / _CLAIM_FILE).touch()  # sets the mtime of an existing file too
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """The watchdog's last observation of its server (`<state_dir>/activity.json`)."""
+
+    server_pid: int
+    watchdog_pid: int
+    checked_at: float
+    sessions: int | None  # None: connections cannot be counted here (the server is never idle-stopped)
+    idle_since: float | None  # when the last session ended (or the last claim), None while in use
+    stopped: str = ""  # why the watchdog ended the server, once it did
+
+
+def _write_activity(state_dir: Path, activity: Activity) -> None:
+    path = state_dir / _ACTIVITY_FILE
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    with contextlib.suppress(OSError):  # the state directory may be going away: the loop notices
+        tmp.write_text(json.dumps(asdict(activity)))
+        os.replace(tmp, path)
+
+
+def _read_activity(state_dir: Path) -> Activity | None:
+    try:
+        data = json.loads((state_dir / _ACTIVITY_FILE).read_text())
+        return Activity(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def watch(state_dir: Path, pid: int, interval_s: float = _WATCH_INTERVAL_S) -> None:
+    """The watchdog's loop: exit with the server; end it when server.json stops naming it, or when it
+    has had no session for its `idle_timeout_s` (re-read every round, so a later run's setting counts)."""
+    busy_at = time.time()
     while _pid_is_server(pid):
         info = _load(state_dir)
         if info is None or info.pid != pid:
             _terminate(pid, 30.0)
             return
-        time.sleep(interval_s)
+        now = time.time()
+        sessions = client_connections(pid, info.port)
+        if sessions is None or sessions > 0:
+            busy_at = now
+        busy_at = max(busy_at, _claimed_at(state_dir))
+        idle = sessions == 0 and busy_at < now
+        _write_activity(state_dir, Activity(pid, os.getpid(), now, sessions, busy_at if idle else None))
+        if idle and info.idle_timeout_s > 0 and now - busy_at >= info.idle_timeout_s and _stop_if_idle(state_dir, info):
+            return
+        pause = interval_s if info.idle_timeout_s <= 0 else min(interval_s, max(0.2, info.idle_timeout_s / 10))
+        time.sleep(pause)
+
+
+def _stop_if_idle(state_dir: Path, info: ServerInfo) -> bool:
+    """Stop the idle server unless, under the lock that hands servers out, it was claimed or used meanwhile."""
+    with _locked(state_dir):
+        current = _load(state_dir)
+        now = time.time()
+        if (current is None or current.pid != info.pid or client_connections(info.pid, info.port) != 0
+                or now - _claimed_at(state_dir) < current.idle_timeout_s):
+            return False
+        _terminate(info.pid, 30.0)
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / _INFO_FILE).unlink()
+        why = f"idle for {current.idle_timeout_s:.0f}s without a session"
+        _write_activity(state_dir, Activity(info.pid, os.getpid(), now, 0, None, why))
+        log_path = Path(info.log_path)
+        with contextlib.suppress(OSError), open(log_path, "a") as out:
+            out.write(f"\n{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))} snapshotter watchdog: "
+                      f"stopped the server (pid {info.pid}): {why}\n")
+        return True
 
 
 def ensure_local_connect_server(state_dir: Path | str = DEFAULT_STATE_DIR, *,
                                 conf: Mapping[str, str] | None = None,
-                                timeout_s: float = START_TIMEOUT_S) -> tuple[ServerInfo, bool]:
+                                timeout_s: float = START_TIMEOUT_S,
+                                idle_timeout_s: float | None = None) -> tuple[ServerInfo, bool]:
     """The running server under `state_dir`, started if needed; returns (info, started_now).
 
-    `conf` applies only when this call starts the server (a reused server keeps its settings).
-    Raises ConnectServerError when the server cannot start.
+    `conf` applies only when this call starts the server (a reused server keeps its settings);
+    `idle_timeout_s` (default: the `spark` block's default) is recorded for the server's watchdog
+    either way, so the latest caller's setting counts. Raises ConnectServerError when the server
+    cannot start.
     """
+    if idle_timeout_s is None:
+        from snapshot_assets.config import SparkConfig
+
+        idle_timeout_s = SparkConfig().local_server_idle_timeout.total_seconds()
     state = Path(state_dir).absolute()
     with _locked(state):
         info = _load(state)
@@ -235,13 +372,18 @@ def ensure_local_connect_server(state_dir: Path | str = DEFAULT_STATE_DIR, *,
                 log.warning("Spark Connect server pid %s runs an older version of this project's code; "
                             "restarting it", info.pid)
             elif _answers(info.port):
+                if info.idle_timeout_s != idle_timeout_s:
+                    info = replace(info, idle_timeout_s=idle_timeout_s)
+                    _save(state, info)
+                _claim(state)
                 return info, False
             else:
                 log.warning("Spark Connect server pid %s does not answer on port %s; starting a new one",
                             info.pid, info.port)
             _terminate(info.pid, 10.0)
         started = time.monotonic()
-        info = _launch(state, conf or {}, timeout_s)
+        info = _launch(state, conf or {}, timeout_s, idle_timeout_s)
+        _claim(state)  # the idle time counts from here: starting a JVM is not being idle
         log.info("started a local Spark Connect server (pid %s, port %s) in %.1fs; log: %s",
                  info.pid, info.port, time.monotonic() - started, info.log_path)
         return info, True
@@ -284,6 +426,95 @@ def local_server_info(state_dir: Path | str = DEFAULT_STATE_DIR) -> ServerInfo |
     if info is None or not _pid_is_server(info.pid) or not _answers(info.port):
         return None
     return info
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    """What `snapshotter spark status` shows of a running local server."""
+
+    info: ServerInfo
+    uptime_s: float
+    rss_bytes: int | None  # the server's process group: the JVM and its Python workers
+    sessions: int | None  # client sessions now; None where connections cannot be counted
+    idle_s: float | None  # seconds without a session as its watchdog saw it; None while in use or unknown
+    watchdog_alive: bool
+
+    @property
+    def stops_in_s(self) -> float | None:
+        """Seconds until its watchdog stops it unless a session starts; None when it will not stop by itself."""
+        if not self.watchdog_alive or self.info.idle_timeout_s <= 0 or self.sessions is None:
+            return None
+        return max(0.0, self.info.idle_timeout_s - (self.idle_s or 0.0))
+
+    def stop_rule(self) -> str:
+        """When it stops, in words: `in 14m12s unless a session starts (15m00s idle)`, `never by itself (...)`."""
+        stops_in, timeout = self.stops_in_s, self.info.idle_timeout_s
+        if not self.watchdog_alive:
+            return "never by itself (its watchdog is not running)"
+        if timeout <= 0:
+            return "never by itself (local_server_idle_timeout = 0)"
+        if stops_in is None:
+            return "never by itself (sessions cannot be counted here)"
+        if self.sessions:
+            return f"after {human_duration(timeout)} without a session"
+        return f"in {human_duration(stops_in)} unless a session starts ({human_duration(timeout)} idle)"
+
+
+def human_duration(seconds: float) -> str:
+    """`42s`, `14m05s`, `2h03m`."""
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def server_status(state_dir: Path | str = DEFAULT_STATE_DIR) -> ServerStatus | None:
+    """The local server under `state_dir` with its uptime, sessions, idle time and RSS; None if none runs."""
+    state = Path(state_dir).absolute()
+    info = local_server_info(state)
+    if info is None:
+        return None
+    now = time.time()
+    sessions = client_connections(info.pid, info.port)
+    activity = _read_activity(state)
+    alive = activity is not None and activity.server_pid == info.pid and _pid_is_watchdog(activity.watchdog_pid,
+                                                                                          info.pid)
+    idle_since = None
+    if alive and activity is not None and sessions == 0:
+        # the watchdog counts idle time from its last sight of a session when it has not looked since
+        idle_since = activity.idle_since if activity.idle_since is not None else activity.checked_at
+    return ServerStatus(info, now - info.started_at, _group_rss(info.pid), sessions,
+                        None if idle_since is None else max(0.0, now - idle_since), alive)
+
+
+def last_stop(state_dir: Path | str = DEFAULT_STATE_DIR) -> str:
+    """Why the watchdog last ended a server under `state_dir` ("" when it has not)."""
+    activity = _read_activity(Path(state_dir).absolute())
+    return activity.stopped if activity is not None else ""
+
+
+def _pid_is_watchdog(pid: int, server_pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (ProcessLookupError, PermissionError):
+        return False
+    except OSError:
+        return True  # no procfs: the pid check is all there is
+    return b"watch" in cmdline and str(server_pid).encode() in cmdline
+
+
+def _group_rss(pgid: int) -> int | None:
+    """Resident memory of a process group (`ps`, on Linux and macOS alike), None if ps cannot tell."""
+    try:
+        done = subprocess.run(["ps", "-A", "-o", "pgid=,rss="], capture_output=True, text=True, timeout=10,
+                              check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    total = 0
+    for line in done.stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] == str(pgid) and fields[1].isdigit():
+            total += int(fields[1]) * 1024
+    return total or None
 
 
 if __name__ == "__main__":  # the watchdog: python connect_server.py watch STATE_DIR PID

@@ -4,7 +4,8 @@ In order of preference:
   1. `spark.remote` set: a Spark Connect session to that server (a cluster's, or one you run);
   2. `spark.master` set: a classic session on that master (`local[4]`, `spark://...`, `yarn`);
   3. neither: the LOCAL Spark Connect server (`connect_server`), started once and then reused,
-     so every later run gets a session in ~1 s instead of booting a JVM (~10-15 s on 2 cores);
+     so every later run gets a session in ~1 s instead of booting a JVM (~10-15 s on 2 cores),
+     until it has gone `spark.local_server_idle_timeout` without a session (then it stops itself);
   4. fallback: when that server cannot start (no Java, a port problem, ...) a classic in-process
      `local[2]` session, with the reason logged. The job code is the same on every runtime: it
      uses only DataFrame APIs that Connect supports (no RDDs, SQL-expression strings rather than
@@ -174,7 +175,8 @@ def plan_spark(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR,
         return SparkPlan({**named, **base, **config.conf, "spark.master": config.master}, "classic", config.master)
     conf = {**LOCAL_DEFAULTS, **config.conf}
     try:
-        info, started_now = ensure_local_connect_server(Path(state_dir), conf=conf)
+        info, started_now = ensure_local_connect_server(
+            Path(state_dir), conf=conf, idle_timeout_s=config.local_server_idle_timeout.total_seconds())
     except (ConnectServerError, OSError) as exc:
         return _fallback(config, app_name, f"local Spark Connect server unavailable ({exc})")
     note = f"{'started' if started_now else 'reused'} local server pid {info.pid} port {info.port}"

@@ -28,7 +28,8 @@ from resources.subscribers.generator import GeneratorSubscriber
 from snapshot_assets.archive.writer import ArtifactWriter
 from snapshot_assets.cli import main
 from snapshot_assets.counters import ARTIFACTS_WRITTEN, DESTINATION_ERRORS, EVENT_ERRORS
-from snapshot_assets.metrics import StatusCollector, asset_metadata, samples, serve
+from snapshot_assets.http_api import serve
+from snapshot_assets.metrics import StatusCollector, asset_metadata, samples
 from snapshot_assets.pipeline.table import TablePipeline
 from snapshot_assets.status import TableStatus, table_status
 from tests.aws.support import TABLE, bucket, config, s3_dest
@@ -168,7 +169,8 @@ def _free_port() -> int:
 def test_the_exporter_serves_over_http(archive: Archive) -> None:
     port, stop = _free_port(), threading.Event()
     thread = threading.Thread(target=serve, args=(lambda: [_status(archive)],),
-                              kwargs={"port": port, "addr": "127.0.0.1", "interval": 60.0, "stop": stop})
+                              kwargs={"tables": [TABLE], "port": port, "addr": "127.0.0.1", "interval": 60.0,
+                                      "stop": stop})
     thread.start()
     try:
         body = ""

@@ -105,6 +105,14 @@ def test_project_additions() -> None:
     assert cfg.spark.remote == "sc://localhost:15002" and cfg.spark.conf == {"spark.sql.shuffle.partitions": "4"}
 
 
+def test_local_spark_server_idle_timeout() -> None:
+    """Default 15 minutes; any duration; 0 keeps the server until it is stopped."""
+    assert parse_config(BASE.format(""), env={}).spark.local_server_idle_timeout == dt.timedelta(minutes=15)
+    for text, expected in (("90s", dt.timedelta(seconds=90)), ("1h", dt.timedelta(hours=1)), ("0", dt.timedelta(0))):
+        cfg = parse_config(BASE.format(f"spark {{ local_server_idle_timeout = {text} }}"), env={})
+        assert cfg.spark.local_server_idle_timeout == expected
+
+
 def test_environment_overrides() -> None:
     cfg = parse_config(LAREDO_TABLES, env={"SNAPSHOTTER__TABLES__1__DIFF__INTERVAL": "5s",
                                            "SNAPSHOTTER__HTTP__PORT": "9090"})
@@ -156,6 +164,10 @@ BASE = 'snapshotter {{ source {{ server = s, table = t }}, destinations = [ {{ t
         ("buffer { lease = 1s }", "snapshotter.buffer.lease", "must be at least 3s"),
         ("source { type = generator, tls { ca_file = x } }", "snapshotter.source.tls",
          "TLS settings apply to a laredo source, not a generator source"),
+        ("spark.local_server_idle_timeout = -5m", "snapshotter.spark.local_server_idle_timeout",
+         "cannot parse duration '-5m'"),
+        ("spark.local_server_idle_timeout = soon", "snapshotter.spark.local_server_idle_timeout",
+         "cannot parse duration"),
     ],
 )
 def test_bad_values_name_file_key_and_value(extra: str, path: str, message: str) -> None:

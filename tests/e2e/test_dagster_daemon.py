@@ -1,7 +1,10 @@
 """Acceptance, end to end: the code location under a real `dagster-webserver` + `dagster-daemon` pair.
 
-A test DAGSTER_HOME holds the repository's dagster.yaml (SQLite storage, the run queue with one
-run per partition) plus a threaded sensor daemon and a short dequeue interval; a workspace file
+The scenario runs twice, once per instance storage (tests/e2e/instance_storage.py): the
+repository's dagster.yaml (SQLite under DAGSTER_HOME) and production's deploy/dagster.postgres.yaml
+(PostgreSQL in the private test cluster, compute logs on S3 at moto_server), each proved afterwards
+to hold the runs. A test DAGSTER_HOME holds that dagster.yaml (the run queue with one run per
+partition) plus a threaded sensor daemon and a short dequeue interval; a workspace file
 loads `snapshot_assets.definitions` with the repository as working directory; SNAPSHOTTER_CONFIG
 names two generator tables, with the archive, buffer and Spark state under the test's directory
 (the processes run there): `public.users`, a source that never ends (seeded, paced), a 2 s diff
@@ -32,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -40,7 +42,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -67,6 +69,7 @@ from snapshot_assets.tables import (
     TRIGGER_TAG,
 )
 from tests.e2e.conftest import REPO, e2e_env
+from tests.e2e.instance_storage import InstanceStorage, postgres_storage, sqlite_storage
 
 pytestmark = pytest.mark.slow
 
@@ -91,17 +94,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def write_setup(work: Path) -> tuple[Path, Path, Path]:
-    """DAGSTER_HOME (repo dagster.yaml + daemon settings), workspace file, snapshotter config."""
+def write_setup(work: Path, storage: InstanceStorage | None = None) -> tuple[Path, Path, Path]:
+    """DAGSTER_HOME (the storage's dagster.yaml + daemon settings), workspace file, snapshotter config."""
+    storage = storage or sqlite_storage()
     home = work / "dagster_home"
     home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    text = (home / "dagster.yaml").read_text()
-    assert "run_queue:" in text and "tag_concurrency_limits" in text, "the repo's dagster.yaml lost its run queue"
+    assert "tag_concurrency_limits" in storage.run_queue(), f"{storage.yaml.name} lost its run queue"
     # Dequeue promptly; evaluate sensors on threads (each sensor still ticks per its minimum interval).
-    text = text.replace("run_queue:\n", "run_queue:\n  dequeue_interval_seconds: 1\n", 1)
-    text += "\nsensors:\n  use_threads: true\n  num_workers: 4\n"
-    (home / "dagster.yaml").write_text(text)
+    (home / "dagster.yaml").write_text(storage.instance_yaml(
+        run_queue={"dequeue_interval_seconds": 1}, sensors={"use_threads": True, "num_workers": 4}))
     workspace = work / "workspace.yaml"
     workspace.write_text(f"""load_from:
   - python_module:
@@ -196,9 +197,14 @@ def stop_service(service: Service, grace_s: float = STOP_GRACE_S) -> int | None:
 
 
 @contextlib.contextmanager
-def services(work: Path, home: Path, workspace: Path, config: Path, port: int) -> Iterator[list[Service]]:
-    """The webserver (first: it initialises the SQLite storage), then the daemon; both stopped on exit."""
-    env = e2e_env(DAGSTER_HOME=str(home), SNAPSHOTTER_CONFIG=str(config), PYTHONUNBUFFERED="1")
+def services(work: Path, home: Path, workspace: Path, config: Path, port: int,
+             storage_env: Mapping[str, str] | None = None) -> Iterator[list[Service]]:
+    """The webserver (first: it initialises the instance storage), then the daemon; both stopped on exit.
+
+    `storage_env` is what the instance's dagster.yaml reads through `env:` (connection settings).
+    """
+    env = e2e_env(DAGSTER_HOME=str(home), SNAPSHOTTER_CONFIG=str(config), PYTHONUNBUFFERED="1",
+                  **(storage_env or {}))
     bindir = Path(sys.executable).parent
     started: list[Service] = []
 
@@ -379,15 +385,29 @@ def sensor_progress(instance: dg.DagsterInstance, table: TableConfig) -> SensorP
     return SensorProgress(ingest[-1], diffs, rebases, manifest)
 
 
-def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(params=["sqlite", "postgres"])
+def instance_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[InstanceStorage]:
+    """The scenario on the local default storage, then on production's (deploy/dagster.postgres.yaml)."""
+    if request.param == "sqlite":
+        yield sqlite_storage()
+        return
+    with postgres_storage(request.getfixturevalue("pg_cluster"), request.getfixturevalue("moto_server"),
+                          request.getfixturevalue("s3_bucket"), tmp_path / "tmp") as storage:
+        yield storage
+
+
+def test_dagster_webserver_and_daemon(workdir: Path, instance_storage: InstanceStorage,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
     started = time.monotonic()
-    home, workspace, config = write_setup(workdir)
+    home, workspace, config = write_setup(workdir, instance_storage)
     table, quiet = load_config(config, env={}).tables
     blocker = block_snapshot_writes(quiet)
     monkeypatch.setenv("DAGSTER_HOME", str(home))  # this process reads the same instance
+    for name, value in instance_storage.env.items():
+        monkeypatch.setenv(name, value)
     port = _free_port()
 
-    with services(workdir, home, workspace, config, port) as procs, \
+    with services(workdir, home, workspace, config, port, instance_storage.env) as procs, \
             dg.DagsterInstance.from_config(str(home)) as instance:
         info = server_info(port)
         assert info is not None and "dagster_webserver_version" in info, info
@@ -505,7 +525,8 @@ def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyP
             pytest.fail("runs kept appearing after the sensors were stopped")
         # The injected fault may also have failed an earlier boundary of the quiet table (its first
         # snapshot requested before its one transaction was durable); every other run succeeds.
-        unsuccessful = [r.run_id for r in runs(instance) if r.job_name != "ingest_job"
+        unsuccessful = [(r.run_id, r.job_name, r.tags.get(PARTITION_TAG), r.status.value) for r in runs(instance)
+                        if r.job_name != "ingest_job"
                         and r.status != dg.DagsterRunStatus.SUCCESS and r.run_id not in blocked_failures]
         assert not unsuccessful, f"artifact runs did not succeed: {unsuccessful}"
         client.terminate_run(ingest.run_id)
@@ -515,9 +536,12 @@ def test_dagster_webserver_and_daemon(workdir: Path, monkeypatch: pytest.MonkeyP
         durable = BufferReader(table.buffer.path, table.name).durable_position()
         assert durable is not None and compare_lsn(durable, after.head_position) >= 0
 
+        instance_storage.verify(home, {r.run_id for r in runs(instance)})
+
         codes = {p.name: stop_service(p) for p in reversed(procs)}
     for name, code in codes.items():
         assert code is not None, f"{name} did not stop on SIGTERM"
-    print(f"quiet table's snapshot retried in {retried_s:.0f}s (attempt {attempt}); sensors did their part in "
+    print(f"{instance_storage.name} storage: quiet table's snapshot retried in {retried_s:.0f}s "
+          f"(attempt {attempt}); sensors did their part in "
           f"{sensors_s:.0f}s; epochs {epoch_before} -> {after.epoch}; "
           f"{len(progress.diffs)} diff run(s); total {time.monotonic() - started:.0f}s")

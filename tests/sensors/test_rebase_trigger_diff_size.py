@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from sensors.rebase_trigger import MeasuringSpark, diff_size
 from snapshot_assets.config import SnapshotterConfig, SparkConfig
+from snapshot_assets.pipeline.diff_size import MeasuringSpark, diff_size
 from snapshot_assets.tables import pipeline
 from tests.sensors.conftest import USERS, ingest
 
