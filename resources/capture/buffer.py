@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,17 +137,16 @@ class CaptureBuffer:
         for i, pub in enumerate(pubs):
             by_writer.setdefault(pub.topic, []).append(i)
         results: dict[int, Ack] = {}
-        for writer_id, indexes in by_writer.items():
-            w = self._writer(writer_id)
-            with w.lock:
-                now = max(time.time_ns() // 1_000_000, w.last_timestamp)  # never goes back within a writer
-                events = [Event(event_id=message_id(writer_id, w.next_sequence + k), timestamp=now,
-                                payload=pubs[i].payload, attributes=dict(pubs[i].attributes),
-                                sequence=w.next_sequence + k) for k, i in enumerate(indexes)]
-                segment = w.log.append(b"".join(encode_record(e) for e in events), events[0].sequence)
-                w.next_sequence += len(events)  # only once written: a failed append leaves no gap
+        writers = {writer_id: self._writer(writer_id) for writer_id in sorted(by_writer)}
+        with ExitStack() as held:  # every writer of the request at once (in id order: no deadlock)
+            for w in writers.values():
+                held.enter_context(w.lock)
+            staged = self._append_all(writers, by_writer, pubs)
+            for writer_id, (segment, events) in staged.items():
+                w = writers[writer_id]
+                w.next_sequence += len(events)
                 syncs[id(segment)] = (segment, segment.written)
-                for i, event in zip(indexes, events, strict=True):
+                for i, event in zip(by_writer[writer_id], events, strict=True):
                     self._add_pending(w, event)
                     results[i] = Ack(message_id(writer_id, event.sequence), event.sequence)
         for segment, offset in syncs.values():
@@ -156,6 +156,28 @@ class CaptureBuffer:
             if self._full(self._writers[writer_id]):
                 self._schedule(writer_id)
         return acks
+
+    def _append_all(self, writers: Mapping[str, _Writer], by_writer: Mapping[str, list[int]],
+                    pubs: Sequence[Publication]) -> dict[str, tuple[Segment, list[Event]]]:
+        """Append each writer's events (caller holds every writer's lock); if one append fails (disk
+        full), cut the others back off before raising, so a request is in the log whole or not at all."""
+        staged: dict[str, tuple[Segment, list[Event]]] = {}
+        done: list[tuple[Segment, int]] = []
+        try:
+            for writer_id, w in writers.items():
+                now = max(time.time_ns() // 1_000_000, w.last_timestamp)  # never goes back within a writer
+                events = [Event(event_id=message_id(writer_id, w.next_sequence + k), timestamp=now,
+                                payload=pubs[i].payload, attributes=dict(pubs[i].attributes),
+                                sequence=w.next_sequence + k) for k, i in enumerate(by_writer[writer_id])]
+                data = b"".join(encode_record(e) for e in events)
+                segment = w.log.append(data, events[0].sequence)
+                done.append((segment, segment.written - len(data)))
+                staged[writer_id] = (segment, events)
+        except OSError:
+            for segment, offset in done:
+                segment.truncate(offset)
+            raise
+        return staged
 
     def _add_pending(self, w: _Writer, event: Event) -> None:
         if not w.pending:

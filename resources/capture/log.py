@@ -63,6 +63,13 @@ class Segment:
         self.written += len(data)
         return self.written
 
+    def truncate(self, offset: int) -> None:
+        """Cut the file back to `offset` (caller holds the writer's lock: nothing was appended after)."""
+        with self._sync_lock:
+            os.ftruncate(self._fd, offset)
+            self.written = offset
+            self.synced = min(self.synced, offset)  # a later record must not ride on a sync of cut bytes
+
     def sync_through(self, offset: int) -> None:
         """Return once the file is durable through `offset`: fsync, or ride on an fsync that covers it."""
         if self.synced >= offset:

@@ -79,3 +79,40 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
     run = subprocess.run(_cli("replay", "--config", str(config), "--writer", "w", "--from", "yesterday"),
                          capture_output=True, text=True)
     assert run.returncode == 1 and "cannot parse time 'yesterday'" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_batch_is_all_or_nothing_when_the_disk_refuses(tmp_path: Path) -> None:
+    """The file size limit (RLIMIT_FSIZE, EFBIG) stands in for a full disk: writer b's append fails
+    after writer a's succeeded; a's is cut back off, the batch answers UNAVAILABLE, and a's next
+    event takes the sequence the refused one would have had."""
+    import resource
+
+    config = tmp_path / "capture.conf"
+    config.write_text(CONFIG % {"root": tmp_path, "template": "e/{writer_id}/{sequence}.ndjson.zst"})
+    limit = 64 * 1024
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.Popen(_cli("capture-serve", "--config", str(config), "--port", "0", "--host", "127.0.0.1"),
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=small_files)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().strip().rsplit(":", 1)[1])
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.PubSubBasicInterfaceStub(channel)
+            stub.Publish(pb.PublishRequest(topic="b", payload=bytes(60 * 1024)), timeout=30)
+            batch = pb.BatchPublishRequest(requests=[pb.PublishRequest(topic="a", payload=b"first of a"),
+                                                     pb.PublishRequest(topic="b", payload=bytes(8 * 1024))])
+            with pytest.raises(grpc.RpcError) as err:
+                stub.BatchPublish(batch, timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "publish again" in err.value.details()
+            again = stub.Publish(pb.PublishRequest(topic="a", payload=b"second of a"), timeout=30)
+            assert again.sequence == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    out = subprocess.run(_cli("replay", "--config", str(config), "--writer", "a"), capture_output=True, text=True,
+                         check=True).stdout
+    assert [base64.b64decode(json.loads(line)["payload"]) for line in out.splitlines()] == [b"second of a"]
