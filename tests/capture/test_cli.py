@@ -81,6 +81,7 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
     assert run.returncode == 1 and "cannot parse time 'yesterday'" in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.slow
 def test_a_batch_is_all_or_nothing_when_the_disk_refuses(tmp_path: Path) -> None:
     """The file size limit (RLIMIT_FSIZE, EFBIG) stands in for a full disk: writer b's append fails
     after writer a's succeeded; a's is cut back off, the batch answers UNAVAILABLE, and a's next
