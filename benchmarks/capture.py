@@ -157,8 +157,10 @@ def main() -> None:
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="capture-bench-") as tmp:
-        servers = {kind: start(kind, Path(tmp) / kind) for kind in ("bare", "capture")}
+        servers: dict[str, tuple[subprocess.Popen[str], int]] = {}
         try:
+            for kind in ("bare", "capture"):
+                servers[kind] = start(kind, Path(tmp) / kind)
             for api, writers, batch in cases():
                 result = {}
                 for kind, (_, port) in servers.items():
