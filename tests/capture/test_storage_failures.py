@@ -5,6 +5,7 @@ and the alert metric and /health/storage say so."""
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -128,3 +129,38 @@ def test_s3_destination_signed_as_a_configured_profile(tmp_path: Path, moto: Mot
     running.stop()
     assert len(_stored_keys(moto, prefix="capture/snapshots/")) == 1  # the default key template
     assert [e.payload for e in replay(loaded.capture, "p", profiles=profiles)] == [b"one", b"two"]
+
+
+@pytest.mark.slow
+def test_page_stored_but_not_marked_is_replaced_by_the_recovered_flush(tmp_path: Path, moto: Moto) -> None:
+    """The window between a page reaching storage and the log being marked, reproduced on disk: the
+    buffer directory is copied while the page's write is held by a frozen endpoint (events durable,
+    no mark), the page is then stored and marked, and the server restarts from the copy, as after a
+    kill -9 inside that window. The recovered flush writes the same key: one object, every event once,
+    and sequences continue after the recovered ones."""
+    settings = settings_for(tmp_path, destination=_s3(moto), max_events=5)
+    settings = replace(settings, storage=replace(settings.storage, retry_backoff=0.2, retry_for=120.0))
+    buffer = Path(settings.buffer.path)
+    app = CaptureApp(settings)
+    running = Running(app, app.start(0, host="127.0.0.1"))
+    moto.freeze()
+    try:
+        for i in range(5):
+            running.publish("k", str(i).encode())
+        wait_for(lambda: counter(app, "storage_errors") >= 1, what="the page write to be held")
+        shutil.copytree(buffer, tmp_path / "at-the-crash")
+    finally:
+        moto.thaw()
+    wait_for(lambda: len(_stored_keys(moto)) == 1, what="the page")
+    running.stop()
+    [key] = _stored_keys(moto)
+    shutil.rmtree(buffer)
+    shutil.copytree(tmp_path / "at-the-crash", buffer)
+    assert not (buffer / "writers" / "k" / "flushed.json").exists()  # the copy never heard of the page
+
+    app = CaptureApp(settings)
+    running = Running(app, app.start(0, host="127.0.0.1"))
+    assert running.publish("k", b"5").sequence == 5
+    running.stop()
+    assert _stored_keys(moto) == [key, key.replace("00000000000000000000", "00000000000000000005")]
+    assert [e.payload for e in replay(settings, "k")] == [str(i).encode() for i in range(6)]
