@@ -9,6 +9,10 @@
   multipart upload (`_put_pieces`) whose reused ranges are copied on the destination itself.
 * parquet: Spark's writer stages ONE file (`parquet_artifact`), uploaded as the object. (Archives
   written before kept parquet as a folder of part files; the readers read both.)
+* pieces the tasks already sent (`Sent`, a build given its targets: a cluster): each format's
+  upload on each destination is completed here from the ordered pieces and reused ranges
+  (`task_objects.complete_pieces`); the bytes never pass through this host, only the small heads
+  merged into parts of S3's minimum size. A failure aborts every upload of the artifact.
 
 Returns, per format, the manifest's `FormatRef` (URI and size on the first destination).
 """
@@ -28,14 +32,16 @@ from resources.destinations.multipart import (
     CopyRange,
     Fresh,
     FreshSlice,
+    MultipartUpload,
     begin,
     plan_parts,
     write_planned,
 )
-from snapshot_assets.archive import keys
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.manifest import FormatRef
 from snapshot_assets.spark.parts import BuiltArtifact, Reuse, StagedFormat
+from snapshot_assets.spark.pieces import Sent, Targets
+from snapshot_assets.spark.task_objects import SentPiece, complete_pieces
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +81,7 @@ class ChainedReader(io.RawIOBase):
 
 def artifact_key(key_prefix: str, built: BuiltArtifact, epoch: int, extension: str) -> str:
     """The object key of `built` in one format (archive-format.md section 1)."""
-    if built.kind == "snapshot":
-        return keys.snapshot_key(key_prefix, epoch, built.to_position, extension)
-    return keys.diff_key(key_prefix, epoch, built.from_position or "", built.to_position, extension)
+    return Targets((), key_prefix, epoch).key(built.kind, built.from_position, built.to_position, extension)
 
 
 class _FileSlice(io.RawIOBase):
@@ -103,12 +107,19 @@ class _FileSlice(io.RawIOBase):
         super().close()
 
 
+def _piece(part: Path | Reuse | Sent, where: str) -> Fresh | CopyRange:
+    if isinstance(part, Path):
+        return Fresh(part.stat().st_size)
+    if isinstance(part, Reuse):
+        return CopyRange(part.source_key, part.start, part.length)
+    raise RuntimeError(f"{where}: piece {part.piece} was sent by a task, but the build has no upload for it")
+
+
 def _put_pieces(dest: Destination, key: str, staged: StagedFormat) -> tuple[str, int]:
     """An object made of staged files and ranges of objects already on `dest`: a multipart upload
     whose reused ranges are copied on the destination (S3 UploadPartCopy, local copy_file_range),
     so the bytes of a re-base's untouched buckets never pass through this host."""
-    pieces = [Fresh(p.stat().st_size) if isinstance(p, Path) else CopyRange(p.source_key, p.start, p.length)
-              for p in staged.parts]
+    pieces = [_piece(p, dest.uri(key)) for p in staged.parts]
     files = {i: p for i, p in enumerate(staged.parts) if isinstance(p, Path)}
 
     def fresh(segment: FreshSlice) -> BinaryIO:
@@ -122,6 +133,22 @@ def _put_pieces(dest: Destination, key: str, staged: StagedFormat) -> tuple[str,
         result = assembling.complete([part.number for part in plan])
     if result.size != staged.bytes:
         raise RuntimeError(f"{dest.uri(key)}: wrote {result.size} bytes, the pieces hold {staged.bytes}")
+    return result.uri, result.size
+
+
+def _complete_sent(upload: MultipartUpload, index: int, staged: StagedFormat, parts_per_piece: int) -> tuple[str, int]:
+    """Complete the upload destination `index` received the tasks' pieces on, in the pieces' order."""
+    items: list[tuple[int, SentPiece | CopyRange]] = []
+    for part in staged.parts:
+        if isinstance(part, Sent):
+            items.append((part.piece, part.sent[index]))
+        elif isinstance(part, Reuse):
+            items.append((part.piece, CopyRange(part.source_key, part.start, part.length)))
+        else:
+            raise RuntimeError(f"{upload.uri()}: staged file {part} among pieces the tasks sent")
+    result = complete_pieces(upload, items, parts_per_piece)
+    if result.size != staged.bytes:
+        raise RuntimeError(f"{upload.uri()}: wrote {result.size} bytes, the pieces hold {staged.bytes}")
     return result.uri, result.size
 
 
@@ -150,11 +177,30 @@ def assemble(built: BuiltArtifact, destinations: Sequence[Destination], key_pref
     """Upload every format of `built` to every destination; the manifest's format references."""
     if not destinations:
         raise ValueError("assemble needs at least one destination")
+    try:
+        return _assemble(built, destinations, key_prefix, epoch)
+    except BaseException:
+        if built.uploads is not None:
+            built.uploads.abort()
+        raise
+
+
+def _assemble(built: BuiltArtifact, destinations: Sequence[Destination], key_prefix: str,
+              epoch: int) -> dict[str, FormatRef]:
     refs: dict[str, FormatRef] = {}
     for fid, staged in built.formats.items():
         key = artifact_key(key_prefix, built, epoch, get_format(fid).extension)
+        sent = built.uploads.by_format.get(fid) if built.uploads is not None else None
+        if sent is not None and (len(sent) != len(destinations) or
+                                 any(u.uri() != d.uri(key) for u, d in zip(sent, destinations, strict=False))):
+            raise ValueError(f"the {fid} pieces were sent to {[u.uri() for u in sent]}, not to "
+                             f"{[d.uri(key) for d in destinations]}: build and assemble need the same targets")
         for i, dest in enumerate(destinations):
-            uri, size = _put_concatenated(dest, key, staged)
+            if sent is not None:
+                assert built.uploads is not None
+                uri, size = _complete_sent(sent[i], i, staged, built.uploads.parts_per_piece[fid])
+            else:
+                uri, size = _put_concatenated(dest, key, staged)
             if i == 0:
                 refs[fid] = FormatRef(uri=uri, size_bytes=size)
         log.info("assembled %s %s: %d part(s), %d bytes, %d destination(s)", built.kind, fid,

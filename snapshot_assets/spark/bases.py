@@ -17,13 +17,16 @@ Sources, fastest first:
   * `EmptyBase`: nothing (a table that starts empty).
   * `FrameBase`: a table computed in this run (a base advanced by buffer changes, `window.advance`).
 `choose_base` picks one for a snapshot at `to_position` and the buffer segments that follow it.
-Paths are local paths or `file://` URIs (what a local runtime reads); see parts.py for clusters.
+The state, its deltas and the buffer's segments are local folders or S3 locations (locations.py:
+on a cluster the tasks read them from S3 themselves); an artifact base is read from local paths,
+`file://` URIs, or `s3://` objects that the tasks read themselves.
 """
 
 from __future__ import annotations
 
 import functools
-import json
+import io
+import itertools
 import os
 import shutil
 import urllib.parse
@@ -37,13 +40,16 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from resources.buffer.reader import BufferView, SegmentRef
+from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Row
 from snapshot_assets.archive.errors import CorruptArtifact
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.keys import typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
-from snapshot_assets.spark.effects import NET_DDL, STATE_DDL, encode_row, key_json
+from snapshot_assets.spark.effects import NET_DDL, STATE_DDL, encode_row, key_json, read_window
+from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
+from snapshot_assets.spark.remote_io import input_file, is_s3
 from snapshot_assets.spark.state import StateBase, encode_net
 
 __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
@@ -113,26 +119,31 @@ class DeltaSet:
     to_position: str
     truncated: bool
     encoded: tuple[str, ...] = ()
+    s3: S3Connection | None = None  # signs the requests when the delta is in S3
 
     @classmethod
-    def load(cls, path: Path | str) -> DeltaSet | None:
-        """The delta at `path` if it is complete (its marker is written last), else None."""
+    def load(cls, path: Path | str | Location, s3: S3Connection | None = None) -> DeltaSet | None:
+        """The delta at `path` (a local folder or an s3 URI signed by `s3`) if it is complete (its
+        marker is written last), else None."""
+        where = Location.of(path, s3)
         try:
-            meta = json.loads((Path(path) / DELTA_MARKER).read_text())
-            return cls(str(path), str(meta["from_position"]), str(meta["to_position"]), bool(meta["truncated"]),
-                       tuple(meta.get("encoded", ())))
+            meta = where.read_json(DELTA_MARKER)
+            if meta is None:
+                return None
+            return cls(where.uri, str(meta["from_position"]), str(meta["to_position"]), bool(meta["truncated"]),
+                       tuple(meta.get("encoded", ())), where.s3)
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def frame(self, spark: SparkSession) -> DataFrame:
-        return spark.read.schema(NET_DDL).parquet(self.path)
+        return read_dataset(spark, Location.of(self.path, self.s3), NET_DDL)
 
     def rows(self, spark: SparkSession, formats: Sequence[str]) -> DataFrame | None:
         """The new images as state rows (ROWS_DDL; row null: deleted), encoded when the diff wrote
         them; None when the diff did not encode for all of `formats`."""
         if not self.encoded or ("protobuf" in formats and "protobuf" not in self.encoded):
             return None
-        return spark.read.parquet(self.path).selectExpr("key", "sk", "new AS row", "pb")
+        return read_dataset(spark, Location.of(self.path, self.s3)).selectExpr("key", "sk", "new AS row", "pb")
 
 
 def _publish(frame: DataFrame, target: Path) -> None:
@@ -147,17 +158,22 @@ def _publish(frame: DataFrame, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def write_delta(net: DataFrame, delta_dir: Path | str, from_position: str, to_position: str, truncated: bool,
-                key_fields: Sequence[str], formats: Sequence[str] = ()) -> DeltaSet:
+def write_delta(net: DataFrame, delta_dir: Path | str | Location, from_position: str, to_position: str,
+                truncated: bool, key_fields: Sequence[str], formats: Sequence[str] = ()) -> DeltaSet:
     """Write a diff's net changes as the state's step from `from_position` to `to_position`, with
-    their new images encoded for the state's `formats` (`state.encode_net`) when any are given."""
-    target = Path(delta_dir)
+    their new images encoded for the state's `formats` (`state.encode_net`) when any are given.
+    `delta_dir` is a local folder or an S3 location (written by the tasks, the marker by the driver)."""
+    target = Location.of(delta_dir)
     encoded = tuple(formats)
-    _publish(encode_net(net, key_fields, encoded) if encoded else net, target)
+    frame = encode_net(net, key_fields, encoded) if encoded else net
+    if target.remote:
+        write_dataset(frame, target)  # replaces the folder: the old marker goes first
+    else:
+        _publish(frame, target.path)
     marker = {"from_position": from_position, "to_position": to_position, "truncated": truncated,
               "key_fields": list(key_fields), "encoded": list(encoded), "version": 1}
-    (target / DELTA_MARKER).write_text(json.dumps(marker))
-    return DeltaSet(str(target), from_position, to_position, truncated, encoded)
+    target.write_json(DELTA_MARKER, marker)
+    return DeltaSet(target.uri, from_position, to_position, truncated, encoded, target.s3)
 
 
 def latest_images(layers: Sequence[DataFrame], ddl: str = STATE_DDL) -> DataFrame:
@@ -238,32 +254,48 @@ class FrameBase:
         return f"{self.origin} advanced to {self.position}"
 
 
+def _keyed_lines(lines: Iterable[str | None], key_fields: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(key, text) of each jsonl snapshot line, the line's own text kept as the row's bytes."""
+    rows: list[tuple[str, str]] = []
+    for line in lines:
+        text = line.rstrip("\r\n") if line else line
+        if not text:
+            continue
+        row = gojson.loads(text)
+        if not isinstance(row, dict):
+            raise CorruptArtifact(f"snapshot line is not a JSON object: {text[:80]!r}")
+        rows.append(keyed(row, key_fields, text))
+    return rows
+
+
 def _jsonl_lines(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[Any]:
     for batch in batches:
-        rows: list[tuple[str, str]] = []
-        for line in batch.column("value").to_pylist():
-            text = line.rstrip("\r") if line else line
-            if not text:
-                continue
-            row = gojson.loads(text)
-            if not isinstance(row, dict):
-                raise CorruptArtifact(f"snapshot line is not a JSON object: {text[:80]!r}")
-            rows.append(keyed(row, key_fields, text))
-        yield _state_batch(rows)
+        yield _state_batch(_keyed_lines(batch.column("value").to_pylist(), key_fields))
 
 
-def _snapshot_files(batches: Iterable[Any], format_id: str, key_fields: tuple[str, ...]) -> Iterator[Any]:
+def _open(path: str, s3: S3Connection | None) -> Any:
+    """A file of an artifact: a local path, or an object a task reads from S3 itself."""
+    return input_file(path, s3) if is_s3(path) else open(path, "rb")
+
+
+def _snapshot_files(batches: Iterable[Any], format_id: str, key_fields: tuple[str, ...],
+                    s3: S3Connection | None = None) -> Iterator[Any]:
     fmt = get_format(format_id)
     for batch in batches:
         for path in batch.column("path").to_pylist():
-            rows: list[tuple[str, str]] = []
-            with open(path, "rb") as src:
+            with _open(path, s3) as src:
+                if format_id == "jsonl":  # an object in S3: its lines, streamed
+                    lines = io.TextIOWrapper(io.BufferedReader(src), encoding="utf-8")
+                    while chunk := list(itertools.islice(lines, 4096)):
+                        yield _state_batch(_keyed_lines(chunk, key_fields))
+                    continue
+                rows: list[tuple[str, str]] = []
                 for row in fmt.read_snapshot(src):
                     rows.append(keyed(row, key_fields))
                     if len(rows) >= 4096:
                         yield _state_batch(rows)
                         rows = []
-            yield _state_batch(rows)
+                yield _state_batch(rows)
 
 
 def files_frame(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
@@ -279,14 +311,15 @@ class ArtifactBase:
     paths: tuple[str, ...]
     format_id: str
     position: str
+    s3: S3Connection | None = None  # signs the reads of objects in S3 (`s3://` paths, read by the tasks)
 
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
         fields = tuple(key_fields)
-        paths = [local_path(p) for p in self.paths]
-        if self.format_id == "jsonl":
+        paths = [p if is_s3(p) else local_path(p) for p in self.paths]
+        if self.format_id == "jsonl" and not any(is_s3(p) for p in paths):
             func = functools.partial(_jsonl_lines, key_fields=fields)
             return spark.read.text(paths).mapInArrow(func, STATE_DDL)
-        func = functools.partial(_snapshot_files, format_id=self.format_id, key_fields=fields)
+        func = functools.partial(_snapshot_files, format_id=self.format_id, key_fields=fields, s3=self.s3)
         return files_frame(spark, paths).mapInArrow(func, STATE_DDL)
 
     def describe(self) -> str:
@@ -298,6 +331,7 @@ class BufferSnapshotBase:
     """A buffer SNAPSHOT segment (initial load or re-sync), complete as of its `to_position`."""
 
     segment: SegmentRef
+    s3: S3Connection | None = None  # signs the read when the buffer is in S3
 
     @property
     def position(self) -> str | None:
@@ -306,7 +340,7 @@ class BufferSnapshotBase:
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
         if self.segment.kind != "snapshot":
             raise ValueError(f"{self.segment.name} is a {self.segment.kind} segment, not a snapshot segment")
-        rows = spark.read.parquet(self.segment.path).filter(self.segment.filter_sql)
+        rows = read_window(spark, [self.segment], self.s3)
         return rows.filter("action = 'SNAPSHOT'").selectExpr("key", "new AS row")
 
     def describe(self) -> str:
@@ -317,9 +351,10 @@ class BufferSnapshotBase:
 
 
 def choose_base(buffer: BufferView, to_position: str, *, state: StateBase | LayeredBase | None = None,
-                artifact: ArtifactBase | None = None,
-                cmp: Comparator = compare_lsn) -> tuple[Base, list[SegmentRef]]:
-    """The base of a build that must reach `to_position`, and the change segments after it.
+                artifact: ArtifactBase | None = None, cmp: Comparator = compare_lsn,
+                buffer_s3: S3Connection | None = None) -> tuple[Base, list[SegmentRef]]:
+    """The base of a build that must reach `to_position`, and the change segments after it
+    (`buffer_s3` signs the reads of a buffer that lives in S3).
 
     A re-sync newer than the previous snapshot resets the base (the first snapshot always comes
     from the initial load). Otherwise the previous snapshot: its STATE dataset (with the deltas
@@ -337,7 +372,7 @@ def choose_base(buffer: BufferView, to_position: str, *, state: StateBase | Laye
                              f"{to_position}; snapshot at or after it")
         if resync.segment is None:
             raise ValueError(f"the re-sync at {resync.end_position} is no longer in the buffer")
-        base = BufferSnapshotBase(buffer.segment_ref(resync.segment))
+        base = BufferSnapshotBase(buffer.segment_ref(resync.segment), buffer_s3)
     elif previous is not None:
         base = previous
     else:

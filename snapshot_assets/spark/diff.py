@@ -7,8 +7,10 @@ What runs where:
   tasks   read the segment files (seq-filtered), explode changes into key effects, complete their
           images against the base (`images`: unchanged TOASTed values, before-images), fold each
           key after the shuffle by key (`window.net_window`), write the net changes once as the
-          state's delta for this step (`bases.DeltaSet`), and encode the part files from it
-          (`parts.encode_diff_parts`): the net changes never leave the executors.
+          state's delta for this step (`bases.DeltaSet`), and encode the parts from it in key
+          order (`parts.encode_diff_parts`): the net changes never leave the executors. With
+          `targets` each task sends its parts straight into the destinations (pieces.py), so a
+          cluster whose hosts share only S3 builds the same objects as a local runtime.
 
 The result equals `algebra.collapse` over the same window up to the order of the per-key changes
 (each touches only its own key, so order does not change what a reader folds); the TRUNCATE, if
@@ -20,15 +22,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from resources.buffer.reader import SegmentRef
+from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive.changes import Action, Change
+from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.spark.bases import Base, write_delta
 from snapshot_assets.spark.effects import default_partitions
+from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import infer_row_schema, write_diff
 from snapshot_assets.spark.parts import (
     BuiltArtifact,
@@ -38,6 +44,7 @@ from snapshot_assets.spark.parts import (
     encode_diff_parts,
     prepare_staging,
 )
+from snapshot_assets.spark.pieces import Targets, Uploads
 from snapshot_assets.spark.window import net_window
 
 log = logging.getLogger(__name__)
@@ -46,9 +53,10 @@ TRUNCATE_PART = 0  # the driver's part; task parts are numbered from 1
 
 
 def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_position: str,
-               key_fields: Sequence[str], formats: Sequence[str], staging_dir: Path | str, delta_dir: Path | str, *,
-               partitions: int | None = None, state_formats: Sequence[str] = (),
-               schema: RowSchema | None = None) -> BuiltArtifact:
+               key_fields: Sequence[str], formats: Sequence[str], staging_dir: Path | str | Location,
+               delta_dir: Path | str | Location, *, partitions: int | None = None, state_formats: Sequence[str] = (),
+               schema: RowSchema | None = None, targets: Targets | None = None,
+               buffer_s3: S3Connection | None = None) -> BuiltArtifact:
     """Collapse the buffer changes of `segments` (the window (base.position, to]) and stage every diff format.
 
     `base` is the table at the diff's `from` (the images the window's changes omit come from it);
@@ -58,6 +66,11 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     snapshot formats the delta's new images are encoded for (`state.encode_net`), so the next
     snapshot merges their bytes instead of encoding them; `schema` types the parquet diff (None:
     inferred from the diff's own images).
+
+    Locations as for `snapshot.build_snapshot`: with `targets` the tasks send their parts into the
+    destinations (required when staging is in S3); `buffer_s3` signs the reads of segments in S3.
+    The net changes are encoded in key order, so the objects' bytes do not depend on how the
+    delta's files are split into tasks (the same on a local runtime and a cluster).
     """
     from_position = base.position
     if not from_position or not to_position or from_position == to_position:
@@ -67,27 +80,55 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     started = time.monotonic()
     fields, fmts = tuple(key_fields), tuple(formats)
     staging = prepare_staging(staging_dir, fmts)
+    if staging.remote and targets is None:
+        raise ValueError(f"staging {staging.uri} is in S3: the build needs its targets (the tasks send the parts)")
     width = partitions or default_partitions(spark)
-    window = net_window(spark, segments, base, fields, partitions=width, scratch=staging / "_work")
-    delta = write_delta(window.net, delta_dir, from_position, to_position, window.truncated, fields, state_formats)
     encoded = tuple(f for f in fmts if f != "parquet")  # record formats: the project's writers, per net change
-    reports = encode_diff_parts(delta.frame(spark), staging, encoded, fields, first_part=TRUNCATE_PART + 1) \
+    keys = {f: targets.key("diff", from_position, to_position, get_format(f).extension)
+            for f in fmts} if targets is not None else {}
+    uploads: Uploads | None = None
+    try:
+        if targets is not None:
+            uploads = Uploads.begin(targets.destinations, {f: keys[f] for f in encoded}, width + 1)
+            if "parquet" in fmts and staging.remote:
+                uploads = uploads.merged(Uploads.begin(targets.destinations, {"parquet": keys["parquet"]}, 1))
+        built = _build(spark, segments, base, to_position, fields, fmts, encoded, staging, delta_dir, width,
+                       state_formats, schema, uploads, buffer_s3)
+    except BaseException:
+        if uploads is not None:
+            uploads.abort()
+        raise
+    built = replace(built, seconds=time.monotonic() - started)
+    log.info("diff (%s, %s]: %d net changes%s from %d segments in %.2fs", from_position, to_position, built.count,
+             " (TRUNCATE first)" if built.truncated else "", len(segments), built.seconds)
+    return built
+
+
+def _build(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_position: str,
+           fields: tuple[str, ...], fmts: tuple[str, ...], encoded: tuple[str, ...], staging: Location,
+           delta_dir: Path | str | Location, width: int, state_formats: Sequence[str], schema: RowSchema | None,
+           uploads: Uploads | None, buffer_s3: S3Connection | None) -> BuiltArtifact:
+    from_position = base.position
+    assert from_position is not None
+    local = None if uploads is not None else staging.path
+    window = net_window(spark, segments, base, fields, partitions=width, scratch=staging / "_work", s3=buffer_s3)
+    delta = write_delta(window.net, delta_dir, from_position, to_position, window.truncated, fields, state_formats)
+    ordered = delta.frame(spark).repartitionByRange(width, "key").sortWithinPartitions("key")
+    reports = encode_diff_parts(ordered, local, encoded, fields, first_part=TRUNCATE_PART + 1, uploads=uploads) \
         if encoded else []
     if window.truncated and encoded:
-        sink = PartSink(staging, encoded, TRUNCATE_PART, "diff", fields)
+        sink = PartSink(local, encoded, TRUNCATE_PART, "diff", fields, uploads)
         sink.write(Change(Action.TRUNCATE))
         reports.extend(dict(zip(("format", "part", "path", "bytes", "count"), r, strict=True)) for r in sink.close())
-    staged, count = collect_parts(reports, encoded)
+    staged, count = collect_parts(reports, encoded, sent=uploads is not None)
     if "parquet" in fmts:  # Spark's writer, one file, typed by the table's schema or the diff's own images
         net = delta.frame(spark)
+        sent = uploads if uploads is not None and "parquet" in uploads.by_format else None
         written = write_diff(net, schema or infer_row_schema(net, texts=("old", "new")),
-                             staging / "parquet" / "diff.parquet", fields, truncated=window.truncated)
+                             None if sent is not None else staging.path / "parquet" / "diff.parquet", fields,
+                             truncated=window.truncated, uploads=sent)
         if encoded and written.rows != count:
             raise RuntimeError(f"the parquet diff holds {written.rows} changes, the other formats {count}")
         staged["parquet"], count = StagedFormat("parquet", (written.path,), written.bytes), written.rows
-    built = BuiltArtifact("diff", from_position, to_position, count, staged, window.truncated,
-                          time.monotonic() - started,
-                          {"segments": len(segments), "partitions": width, "delta": delta})
-    log.info("diff (%s, %s]: %d net changes%s from %d segments in %.2fs", from_position, to_position, count,
-             " (TRUNCATE first)" if window.truncated else "", len(segments), built.seconds)
-    return built
+    return BuiltArtifact("diff", from_position, to_position, count, staged, window.truncated, 0.0,
+                         {"segments": len(segments), "partitions": width, "delta": delta}, uploads)

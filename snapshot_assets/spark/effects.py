@@ -44,10 +44,13 @@ from pyspark.sql import functions as F
 
 from resources.buffer.reader import SegmentRef
 from resources.buffer.segments import SCHEMA, derived_columns
+from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import KeyEffect, KeyNet, carries_key, key_effects, partial_image
 from snapshot_assets.archive.changes import Action, Change, Row
 from snapshot_assets.archive.keys import TypedKey, laredo_row_key, row_key
+from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
+from snapshot_assets.spark.remote_io import read_parquet_files
 
 _SPARK_TYPES = {pa.string(): "STRING", pa.int64(): "BIGINT", pa.int32(): "INT", pa.bool_(): "BOOLEAN"}
 
@@ -166,12 +169,13 @@ def seq_predicate(segments: Sequence[SegmentRef]) -> str:
     return " OR ".join(f"(seq > {low} AND seq <= {high})" for low, high in merged) or "false"
 
 
-def read_window(spark: SparkSession, segments: Sequence[SegmentRef]) -> DataFrame:
-    """The buffer rows of `segments` (paths + seq filter, which Parquet statistics prune)."""
+def read_window(spark: SparkSession, segments: Sequence[SegmentRef], s3: S3Connection | None = None) -> DataFrame:
+    """The buffer rows of `segments` (paths + seq filter, which Parquet statistics prune locally).
+    Segments in S3 (`s3://` paths, signed by `s3`) are read by the tasks themselves (remote_io)."""
     if not segments:
         return spark.createDataFrame([], BUFFER_DDL)
     paths = list(dict.fromkeys(s.path for s in segments))
-    return spark.read.schema(BUFFER_DDL).parquet(*paths).filter(seq_predicate(segments))
+    return read_parquet_files(spark, paths, s3=s3, ddl=BUFFER_DDL).filter(seq_predicate(segments))
 
 
 # --- the window: its facts, its cut, legacy rows -----------------------------------------------------
@@ -347,10 +351,14 @@ def apply_net(base: DataFrame, net: DataFrame) -> DataFrame:
     return untouched.unionByName(net.filter("new IS NOT NULL").selectExpr("key", "new AS row"))
 
 
-def materialize(frame: DataFrame, path: Path) -> DataFrame:
-    """Write `frame` once and read it back, so the steps after it never recompute it."""
-    frame.write.mode("overwrite").parquet(str(path))
-    return frame.sparkSession.read.schema(frame.schema).parquet(str(path))
+def materialize(frame: DataFrame, where: Path | Location) -> DataFrame:
+    """Write `frame` once and read it back, so the steps after it never recompute it. A scratch
+    location in S3 is written and read by the tasks (remote_io): on a cluster no disk is shared."""
+    place = Location.of(where)
+    write_dataset(frame, place)
+    if not place.remote:
+        return frame.sparkSession.read.schema(frame.schema).parquet(place.uri)
+    return read_dataset(frame.sparkSession, place)
 
 
 def default_partitions(spark: SparkSession) -> int:

@@ -51,6 +51,7 @@ from snapshot_assets.spark.effects import (
     encode_row,
     materialize,
 )
+from snapshot_assets.spark.locations import Location
 
 if TYPE_CHECKING:
     from snapshot_assets.spark.bases import Base
@@ -128,7 +129,7 @@ def _resolve(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[An
 
 
 def fill_gaps(spark: SparkSession, effects: DataFrame, base: Base | None, key_fields: Sequence[str], *,
-              partitions: int, scratch: Path, window: DataFrame) -> DataFrame:
+              partitions: int, scratch: Path | Location, window: DataFrame) -> DataFrame:
     """`effects` (EFFECT_DDL) with every after-image that misses values completed (see the module
     docstring). `base` is the table at the window's start (None: the window starts empty, after a
     TRUNCATE); `window` (the buffer rows) is only read to name positions in an error."""
@@ -150,10 +151,8 @@ def fill_gaps(spark: SparkSession, effects: DataFrame, base: Base | None, key_fi
     func = functools.partial(_resolve, key_fields=fields)
 
     def run_pass(frame: DataFrame, attempt: int) -> DataFrame:
-        path = scratch / f"pass={attempt}"
-        (frame.repartition(partitions, "key").sortWithinPartitions("key", "seq", "stage")
-         .mapInArrow(func, _FILL_DDL).write.mode("overwrite").parquet(str(path)))
-        return spark.read.schema(_FILL_DDL).parquet(str(path))
+        return materialize(frame.repartition(partitions, "key").sortWithinPartitions("key", "seq", "stage")
+                           .mapInArrow(func, _FILL_DDL), scratch / f"pass={attempt}")
 
     inputs = materialize(staged, scratch / "inputs")
     done = run_pass(inputs, 0)

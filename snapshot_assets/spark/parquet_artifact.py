@@ -20,8 +20,13 @@ renamed to the target), so the artifact is one object, as laredo's layout expect
 Spark keeps StructField metadata in the file footer (`org.apache.spark.sql.parquet.row.metadata`),
 which is where the `snapshotter.encoding` facts live; the project's reader reads them from there.
 The bytes are a function of the rows and their order: Spark writes no time or host into a parquet
-file. A diff is sorted (TRUNCATE first, then by key), so its bytes do not depend on the shuffle;
-a snapshot keeps the order of the frame it is given (the state's files, read in order), or is
+file. On a cluster (the build given `Uploads`: no disk shared by the driver and the executors,
+and no hadoop-aws for Spark's writer to reach S3) the one task holding every row writes the file
+with Arrow's writer, Spark's schema JSON under Spark's footer key, and sends it straight into the
+destinations: same rows, columns and encodings, other bytes (another writer's pages and footer).
+A diff is sorted (TRUNCATE first, then by key), so its bytes do not depend on the shuffle;
+a snapshot keeps the order of the frame it is given (the state's files as the reader hands them:
+Spark's own reader packs files by size, the tasks reading S3 take them in bucket order), or is
 sorted by key when asked (`order_by`), which also lets an expensive upstream run in parallel.
 
 Schemaless sources: `infer_row_schema` classifies every member of every row (one aggregation in
@@ -30,15 +35,18 @@ the JVM) and merges the kinds per column with the Python writer's rule.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -57,7 +65,7 @@ from pyspark.sql.types import (
 
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.errors import EncodeError
-from snapshot_assets.archive.formats.parquet import typed_value
+from snapshot_assets.archive.formats.parquet import SPARK_SCHEMA_KEY, typed_value
 from snapshot_assets.archive.keys import go_v
 from snapshot_assets.archive.row_schema import (
     ABSENT_COLUMN,
@@ -75,9 +83,11 @@ from snapshot_assets.archive.row_schema import (
     column_type_of_kinds,
     number_value,
 )
+from snapshot_assets.spark.pieces import PieceWriter, Sent, Uploads
 
 MISFIT_MARKER = "snapshotter.misfit:"
 ROW_GROUP_BYTES = 32 * 1024 * 1024
+PARQUET_FORMAT = "parquet"
 """Spark's `parquet.block.size`: row groups of at most ~32 MiB, so readers can split a large file
 (Spark, Athena and DuckDB parallelise by row group) while each group stays well compressible."""
 
@@ -317,7 +327,9 @@ def infer_row_schema(frame: DataFrame, texts: Sequence[str] = ("row",)) -> RowSc
 
 @dataclass(frozen=True, slots=True)
 class WrittenParquet:
-    path: Path
+    """The one parquet file of an artifact: staged at `path`, or sent into the uploads (`Sent`)."""
+
+    path: Path | Sent
     bytes: int
     rows: int
 
@@ -335,8 +347,11 @@ def _check_names(frame: DataFrame, names: Sequence[str]) -> None:
                               "needs spark.sql.caseSensitive=true for this table", column=name)
 
 
-def write_parquet_file(frame: DataFrame, out_path: Path | str, *, order: Sequence[str] = ()) -> WrittenParquet:
-    """Write `frame` as ONE parquet file at `out_path` (replacing it) with Spark's writer.
+def write_parquet_file(frame: DataFrame, out_path: Path | str | None, *, order: Sequence[str] = (),
+                       uploads: Uploads | None = None) -> WrittenParquet:
+    """Write `frame` as ONE parquet file at `out_path` (replacing it) with Spark's writer, or, with
+    `uploads` (a cluster: no disk the driver and the executors share), with Arrow's writer in the
+    one task that holds every row, sent straight into the uploads' "parquet" objects.
 
     Without `order`, the frame's partitions are concatenated as they are (`coalesce(1)`): cheap
     and deterministic when the frame is read from stored files, but everything upstream then runs
@@ -345,10 +360,14 @@ def write_parquet_file(frame: DataFrame, out_path: Path | str, *, order: Sequenc
     columns are dropped from the output. The file is written into a temporary folder beside
     `out_path`, so the final rename stays on one filesystem.
     """
+    single = frame.repartition(1).sortWithinPartitions(*order).drop(*order) if order else frame.coalesce(1)
+    if uploads is not None:
+        return _send_parquet(single, uploads)
+    if out_path is None:
+        raise ValueError("a parquet file needs a staging path or uploads")
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = out.with_name(f".{out.name}.{uuid.uuid4().hex}.spark")
-    single = frame.repartition(1).sortWithinPartitions(*order).drop(*order) if order else frame.coalesce(1)
     try:
         with refusing_misfits():
             (single.write.option("compression", "snappy").option("parquet.block.size", ROW_GROUP_BYTES)
@@ -362,8 +381,56 @@ def write_parquet_file(frame: DataFrame, out_path: Path | str, *, order: Sequenc
     return WrittenParquet(out, out.stat().st_size, pq.read_metadata(out).num_rows)
 
 
-def write_snapshot(frame: DataFrame, out_path: Path | str, *, columns: str = "columns",
-                   order_by: str | None = None) -> WrittenParquet:
+_SENT_DDL = "where STRING, bytes BIGINT, rows BIGINT"
+_SENT_ARROW = pa.schema([("where", pa.string()), ("bytes", pa.int64()), ("rows", pa.int64())])
+
+
+def _parquet_piece(batches: Iterable[pa.RecordBatch], schema: pa.Schema, uploads: Uploads) -> tuple[str, int, int]:
+    """Write `batches` as one parquet file (Arrow's writer, Spark's schema in the footer) and send it."""
+    piece = PieceWriter(PARQUET_FORMAT, 0, uploads=uploads)
+    rows = 0
+    try:
+        with pq.ParquetWriter(piece.stream, schema, compression="snappy") as writer:
+            group: list[pa.RecordBatch] = []  # about ROW_GROUP_BYTES per row group, as Spark's writer
+            for batch in itertools.chain(batches, [None]):
+                if batch is not None:
+                    group.append(batch)
+                    rows += batch.num_rows
+                if group and (batch is None or sum(b.nbytes for b in group) >= ROW_GROUP_BYTES):
+                    table = pa.Table.from_batches(group).cast(schema)
+                    writer.write_table(table, row_group_size=max(1, table.num_rows))
+                    group = []
+    except BaseException:
+        piece.abort()
+        raise
+    where, size = piece.close()
+    return where, size, rows
+
+
+def _parquet_task(batches: Iterable[pa.RecordBatch], schema: pa.Schema, uploads: Uploads) -> Iterator[pa.RecordBatch]:
+    where, size, rows = _parquet_piece(batches, schema, uploads)
+    yield pa.RecordBatch.from_pylist([{"where": where, "bytes": size, "rows": rows}], schema=_SENT_ARROW)
+
+
+def _send_parquet(single: DataFrame, uploads: Uploads) -> WrittenParquet:
+    """The task that holds every row writes the file; a frame without partitions is written (empty)
+    by the driver. Spark's schema goes into the footer under Spark's own key, so every reader sees
+    the columns' encodings as in a file Spark wrote."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(single.schema).with_metadata({SPARK_SCHEMA_KEY: single.schema.json().encode()})
+    func = functools.partial(_parquet_task, schema=schema, uploads=uploads)
+    with refusing_misfits():
+        reports = single.mapInArrow(func, _SENT_DDL).collect()
+    if len(reports) > 1:
+        raise RuntimeError(f"{len(reports)} tasks wrote the one parquet file")
+    where, size, rows = (reports[0]["where"], int(reports[0]["bytes"]), int(reports[0]["rows"])) if reports else \
+        _parquet_piece([], schema, uploads)
+    return WrittenParquet(Sent.parse(0, size, where), size, rows)
+
+
+def write_snapshot(frame: DataFrame, out_path: Path | str | None, *, columns: str = "columns",
+                   order_by: str | None = None, uploads: Uploads | None = None) -> WrittenParquet:
     """A snapshot artifact from the typed struct column `columns` (see `typed_columns`).
 
     For a frame read from a state dataset that already holds the typed columns, leave `order_by`
@@ -375,8 +442,9 @@ def write_snapshot(frame: DataFrame, out_path: Path | str, *, columns: str = "co
     _check_names(frame, image.fieldNames())
     fields = [F.col(f"`{columns}`").getField(name).alias(name) for name in image.fieldNames()]
     if order_by is None:
-        return write_parquet_file(frame.select(*fields), out_path)
-    return write_parquet_file(frame.select(*fields, _ref(order_by).alias("__order")), out_path, order=("__order",))
+        return write_parquet_file(frame.select(*fields), out_path, uploads=uploads)
+    return write_parquet_file(frame.select(*fields, _ref(order_by).alias("__order")), out_path, order=("__order",),
+                              uploads=uploads)
 
 
 # --- diffs ---------------------------------------------------------------------------------------------------
@@ -446,9 +514,9 @@ def diff_frame(net: DataFrame, schema: RowSchema, key_fields: Sequence[str], *, 
     return first.unionByName(changes)
 
 
-def write_diff(net: DataFrame, schema: RowSchema, out_path: Path | str, key_fields: Sequence[str], *,
-               truncated: bool) -> WrittenParquet:
+def write_diff(net: DataFrame, schema: RowSchema, out_path: Path | str | None, key_fields: Sequence[str], *,
+               truncated: bool, uploads: Uploads | None = None) -> WrittenParquet:
     """A diff artifact from net changes (NET_DDL: key, action, change_key, old, new as Go-JSON texts)."""
     _check_names(net, schema.names)
     frame = diff_frame(net, schema, key_fields, truncated=truncated)
-    return write_parquet_file(frame, out_path, order=("__order", "__key"))
+    return write_parquet_file(frame, out_path, order=("__order", "__key"), uploads=uploads)

@@ -10,22 +10,19 @@ orders the parts by index, which is the order the artifact's object concatenates
 
 Staging must be a directory that the tasks and the driver both see: true for a local runtime
 (classic local or the local Connect server on this machine). `collect_parts` verifies every part
-the tasks reported from the driver and raises StagingNotShared otherwise. On a cluster the
-remaining step is to have each task upload its part to S3 as one part of a multipart upload (the
-object then assembles itself, ordered by part number; jsonl/protobuf parts concatenate cleanly)
-instead of writing to a local directory; until then, point a cluster run at a shared mount.
+the tasks reported from the driver and raises StagingNotShared otherwise. On a cluster the build is
+given the artifact's `Uploads` instead (pieces.py): each task then sends its part straight into
+every destination as pieces of one multipart upload per format, and the driver completes them.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import shutil
-import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -33,6 +30,8 @@ from pyspark.sql import DataFrame
 from snapshot_assets.archive.changes import Change, Row
 from snapshot_assets.archive.formats import Format, get_format
 from snapshot_assets.spark.effects import decode_row
+from snapshot_assets.spark.locations import Location
+from snapshot_assets.spark.pieces import PieceWriter, Sent, Uploads
 
 Kind = Literal["snapshot", "diff"]
 PART_DDL = "format STRING, part BIGINT, path STRING, bytes BIGINT, count BIGINT"
@@ -49,43 +48,43 @@ def part_path(staging_dir: Path | str, fmt: Format, index: int) -> Path:
 
 
 class PartSink:
-    """One part per format for one task; files are opened at the first item (empty tasks write none)."""
+    """One part per format for one task: staged files, or pieces sent into `uploads`; opened at the
+    first item (empty tasks write none)."""
 
-    def __init__(self, staging_dir: Path | str, formats: Sequence[str], index: int, kind: Kind,
-                 key_fields: Sequence[str]) -> None:
-        self._staging = Path(staging_dir)
+    def __init__(self, staging_dir: Path | str | None, formats: Sequence[str], index: int, kind: Kind,
+                 key_fields: Sequence[str], uploads: Uploads | None = None) -> None:
+        self._staging = None if staging_dir is None else Path(staging_dir)
+        self._uploads = uploads
         self._formats = [get_format(f) for f in formats]
         self._index = index
         self._kind = kind
         self._key_fields = tuple(key_fields)
-        self._open: list[tuple[Format, Path, Path, BinaryIO, Any]] = []
+        self._open: list[tuple[Format, PieceWriter, Any]] = []
         self.count = 0
 
     def _start(self) -> None:
         for fmt in self._formats:
-            final = part_path(self._staging, fmt, self._index)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
-            out = open(tmp, "wb")  # noqa: SIM115 - closed in close()/abort()
+            staged = None if self._staging is None else part_path(self._staging, fmt, self._index)
+            piece = PieceWriter(fmt.format_id, self._index, staged=staged, uploads=self._uploads)
             make = fmt.snapshot_writer if self._kind == "snapshot" else fmt.diff_writer
-            self._open.append((fmt, final, tmp, out, make(out, self._key_fields)))
+            self._open.append((fmt, piece, make(piece.stream, self._key_fields)))
 
     def write(self, item: Row | Change) -> None:
         if not self._open:
             self._start()
-        for _fmt, _final, _tmp, _out, writer in self._open:
+        for _fmt, _piece, writer in self._open:
             writer.write(item)
         self.count += 1
 
     def close(self) -> list[tuple[str, int, str, int, int]]:
-        """Finish every part (rename into place); the (format, index, path, bytes, count) rows."""
+        """Finish every part; the (format, index, where, bytes, count) rows (`where`: the staged
+        file's path, or what the uploads received, see pieces.py)."""
         done: list[tuple[str, int, str, int, int]] = []
         try:
-            for fmt, final, tmp, out, writer in self._open:
+            for fmt, piece, writer in self._open:
                 writer.close()
-                out.close()
-                os.replace(tmp, final)
-                done.append((fmt.format_id, self._index, str(final), final.stat().st_size, self.count))
+                where, size = piece.close()
+                done.append((fmt.format_id, self._index, where, size, self.count))
         except BaseException:
             self.abort()
             raise
@@ -93,9 +92,8 @@ class PartSink:
         return done
 
     def abort(self) -> None:
-        for _fmt, _final, tmp, out, _writer in self._open:
-            out.close()
-            tmp.unlink(missing_ok=True)
+        for _fmt, piece, _writer in self._open:
+            piece.abort()
         self._open = []
 
 
@@ -115,10 +113,10 @@ def task_index(offset: int = 0) -> int:
     return context.partitionId() + offset
 
 
-def write_items(items: Iterable[Row | Change], staging_dir: str, formats: Sequence[str], index: int,
-                kind: Kind, key_fields: Sequence[str]) -> Iterator[Any]:
+def write_items(items: Iterable[Row | Change], staging_dir: str | None, formats: Sequence[str], index: int,
+                kind: Kind, key_fields: Sequence[str], uploads: Uploads | None = None) -> Iterator[Any]:
     """Encode `items` into one part per format; yields the one metadata batch."""
-    sink = PartSink(staging_dir, formats, index, kind, key_fields)
+    sink = PartSink(staging_dir, formats, index, kind, key_fields, uploads)
     try:
         for item in items:
             sink.write(item)
@@ -144,10 +142,10 @@ def _snapshot_task(batches: Iterable[Any], staging_dir: str, formats: tuple[str,
     return write_items(_rows(batches), staging_dir, formats, task_index(), "snapshot", key_fields)
 
 
-def encode_snapshot_parts(state: DataFrame, staging_dir: Path | str, formats: Sequence[str],
+def encode_snapshot_parts(state: DataFrame, staging_dir: Path | str | Location, formats: Sequence[str],
                           key_fields: Sequence[str]) -> list[Any]:
-    """Encode a state DataFrame (column `row`) as snapshot parts, one per partition and format;
-    returns the collected part rows."""
+    """Encode a state DataFrame (column `row`) as snapshot parts, one per partition and format, in a
+    local staging folder; returns the collected part rows."""
     func = functools.partial(_snapshot_task, staging_dir=str(staging_dir), formats=tuple(formats),
                              key_fields=tuple(key_fields))
     return list(state.select("row").mapInArrow(func, PART_DDL).collect())
@@ -163,16 +161,17 @@ def _changes(batches: Iterable[Any]) -> Iterator[Change]:
             yield Change(Change.parse_action(action), key, decode_row(old), decode_row(new))
 
 
-def _diff_task(batches: Iterable[Any], staging_dir: str, formats: tuple[str, ...], key_fields: tuple[str, ...],
-               offset: int) -> Iterator[Any]:
-    return write_items(_changes(batches), staging_dir, formats, task_index(offset), "diff", key_fields)
+def _diff_task(batches: Iterable[Any], staging_dir: str | None, formats: tuple[str, ...],
+               key_fields: tuple[str, ...], offset: int, uploads: Uploads | None) -> Iterator[Any]:
+    return write_items(_changes(batches), staging_dir, formats, task_index(offset), "diff", key_fields, uploads)
 
 
-def encode_diff_parts(net: DataFrame, staging_dir: Path | str, formats: Sequence[str], key_fields: Sequence[str],
-                      *, first_part: int) -> list[Any]:
-    """Encode net changes (NET_DDL rows) as diff parts numbered from `first_part`; the collected part rows."""
-    func = functools.partial(_diff_task, staging_dir=str(staging_dir), formats=tuple(formats),
-                             key_fields=tuple(key_fields), offset=first_part)
+def encode_diff_parts(net: DataFrame, staging_dir: Path | str | None, formats: Sequence[str],
+                      key_fields: Sequence[str], *, first_part: int, uploads: Uploads | None = None) -> list[Any]:
+    """Encode net changes (NET_DDL rows) as diff parts numbered from `first_part` (staged, or sent
+    into `uploads`); the collected part rows."""
+    func = functools.partial(_diff_task, staging_dir=None if staging_dir is None else str(staging_dir),
+                             formats=tuple(formats), key_fields=tuple(key_fields), offset=first_part, uploads=uploads)
     return list(net.select("action", "change_key", "old", "new").mapInArrow(func, PART_DDL).collect())
 
 
@@ -182,11 +181,13 @@ def encode_diff_parts(net: DataFrame, staging_dir: Path | str, formats: Sequence
 @dataclass(frozen=True, slots=True)
 class Reuse:
     """A byte range of an object already in every destination (the previous snapshot), to be copied
-    into the new object where it stands: the bytes of the state's untouched buckets."""
+    into the new object where it stands: the bytes of the state's untouched buckets (`piece`: the
+    first of them, whose part numbers the copy takes when the tasks send the other pieces)."""
 
     source_key: str
     start: int
     length: int
+    piece: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +196,7 @@ class StagedFormat:
     existing object), and their total size."""
 
     format_id: str
-    parts: tuple[Path | Reuse, ...]
+    parts: tuple[Path | Reuse | Sent, ...]
     bytes: int
 
     def files(self) -> tuple[Path, ...]:
@@ -216,26 +217,40 @@ class BuiltArtifact:
     truncated: bool = False
     seconds: float = 0.0
     details: Mapping[str, Any] = field(default_factory=dict)
+    uploads: Uploads | None = None  # where the tasks sent the pieces (`Sent` parts), to be completed
 
 
-def prepare_staging(staging_dir: Path | str, formats: Sequence[str]) -> Path:
-    """A clean staging folder per format (parts of an earlier failed attempt are removed)."""
-    root = Path(staging_dir)
+def prepare_staging(staging_dir: Path | str | Location, formats: Sequence[str]) -> Location:
+    """A clean staging location: locally, a folder per format (parts of an earlier failed attempt
+    are removed); in S3 (a cluster: pieces go to the destinations, staging keeps scratch only),
+    emptied."""
     for fid in formats:
         get_format(fid)
-        shutil.rmtree(root / fid, ignore_errors=True)
-        (root / fid).mkdir(parents=True, exist_ok=True)
+    root = Location.of(staging_dir)
+    if root.remote:
+        root.clear()
+        return root
+    for fid in formats:
+        shutil.rmtree(root.path / fid, ignore_errors=True)
+        (root.path / fid).mkdir(parents=True, exist_ok=True)
     return root
 
 
-def collect_parts(rows: Iterable[Any], formats: Sequence[str]) -> tuple[dict[str, StagedFormat], int]:
+def collect_parts(rows: Iterable[Any], formats: Sequence[str], *,
+                  sent: bool = False) -> tuple[dict[str, StagedFormat], int]:
     """Group reported parts by format in index order, check them from the driver, and count items.
 
-    Every format received the same items, so their counts must agree; a part the driver cannot
-    see, or of another size than the task reported, means the staging directory is not shared.
+    Every format received the same items, so their counts must agree. Staged parts (`sent` False):
+    a part the driver cannot see, or of another size than the task reported, means the staging
+    directory is not shared. Sent parts are checked when their uploads complete.
     """
-    by_format: dict[str, list[tuple[int, Path, int, int]]] = {fid: [] for fid in formats}
+    by_format: dict[str, list[tuple[int, Path | Sent, int, int]]] = {fid: [] for fid in formats}
     for row in rows:
+        index, count = int(row["part"]), int(row["count"])
+        if sent:
+            by_format[row["format"]].append((index, Sent.parse(index, int(row["bytes"]), row["path"]),
+                                             int(row["bytes"]), count))
+            continue
         path = Path(row["path"])
         try:
             size = path.stat().st_size
@@ -245,12 +260,13 @@ def collect_parts(rows: Iterable[Any], formats: Sequence[str]) -> tuple[dict[str
             raise StagingNotShared(
                 f"a task reported part {path} ({row['bytes']} bytes) but the driver sees "
                 f"{'nothing' if size < 0 else f'{size} bytes'} there: the staging directory must be shared "
-                "by the driver and the executors (local runtime or a shared mount); see snapshot_assets/spark/parts.py")
-        by_format[row["format"]].append((int(row["part"]), path, size, int(row["count"])))
+                "by the driver and the executors (a local runtime); on a cluster give the build its Targets "
+                "(see snapshot_assets/spark/pieces.py)")
+        by_format[row["format"]].append((index, path, size, count))
     staged: dict[str, StagedFormat] = {}
     counts: set[int] = set()
     for fid, parts in by_format.items():
-        parts.sort()
+        parts.sort(key=lambda part: part[0])
         staged[fid] = StagedFormat(fid, tuple(p for _, p, _, _ in parts), sum(s for _, _, s, _ in parts))
         counts.add(sum(c for _, _, _, c in parts))
     if len(counts) > 1:

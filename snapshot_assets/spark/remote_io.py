@@ -102,6 +102,14 @@ def _list_files(location: S3Location) -> list[str]:
     return sorted(names)
 
 
+def input_file(uri: str, s3: S3Connection | None = None) -> Any:
+    """One file to read, a local path or an `s3://` URI (in a task: Arrow's filesystem of its host)."""
+    if not is_s3(uri):
+        return pafs.LocalFileSystem().open_input_file(uri)
+    location = S3Location.parse(uri, s3)
+    return arrow_s3(location.connection).open_input_file(f"{location.bucket}/{location.prefix.rstrip('/')}")
+
+
 def task_partition() -> int:
     """The running task's partition id (stable across its retries, so names and numbers built on it are)."""
     from pyspark import TaskContext
@@ -115,15 +123,44 @@ def task_partition() -> int:
 # -- datasets -------------------------------------------------------------------------------------------
 
 
-def _read_files(batches: Iterable[pa.RecordBatch], location: S3Location, names: Sequence[str],
-                schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """Task: stream the files whose indices arrive in `batches`, a record batch at a time."""
-    filesystem = arrow_s3(location.connection)
+def _conformed(data: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """`data` laid out as `schema`: columns by name, cast where the file's type differs (string vs
+    large_string), absent ones null (older files of a dataset whose schema grew, as Spark's reader
+    treats them)."""
+    columns = []
+    for field in schema:
+        index = data.schema.get_field_index(field.name)
+        if index < 0:
+            columns.append(pa.nulls(data.num_rows, field.type))
+            continue
+        column = data.column(index)
+        columns.append(column if column.type == field.type else column.cast(field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _read_objects(batches: Iterable[pa.RecordBatch], connection: S3Connection, paths: Sequence[str],
+                  schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Task: stream the files (Arrow paths `bucket/key`) whose indices arrive in `batches`, a record
+    batch at a time, each laid out as `schema`."""
+    filesystem = arrow_s3(connection)
     for batch in batches:
         for index in batch.column("id").to_pylist():
-            with filesystem.open_input_file(location.path(names[index])) as source:
-                for data in pq.ParquetFile(source).iter_batches(batch_size=batch_rows):
-                    yield pa.RecordBatch.from_arrays(data.columns, schema=schema)
+            with filesystem.open_input_file(paths[index]) as source:
+                file = pq.ParquetFile(source)
+                present = [name for name in schema.names if name in file.schema_arrow.names]
+                for data in file.iter_batches(batch_size=batch_rows, columns=present):
+                    yield _conformed(data, schema)
+
+
+def _files_frame(spark: Any, connection: S3Connection, paths: Sequence[str], schema: pa.Schema,
+                 batch_rows: int) -> DataFrame:
+    """One task per file, in the order given (partition i reads file i)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    task = functools.partial(_read_objects, connection=connection, paths=tuple(paths), schema=schema,
+                             batch_rows=batch_rows)
+    frame: DataFrame = spark.range(0, len(paths), 1, len(paths)).mapInArrow(task, from_arrow_schema(schema))
+    return frame
 
 
 def read_parquet(spark: Any, uri: str, *, s3: S3Connection | None = None, schema: pa.Schema | None = None,
@@ -142,12 +179,38 @@ def read_parquet(spark: Any, uri: str, *, s3: S3Connection | None = None, schema
         raise RemoteIOError(f"{location.uri}: no parquet files there")
     if schema is None:
         schema = pq.read_schema(location.path(names[0]), filesystem=arrow_s3(location.connection))
-    from pyspark.sql.pandas.types import from_arrow_schema
+    return _files_frame(spark, location.connection, [location.path(n) for n in names], schema, batch_rows)
 
-    task = functools.partial(_read_files, location=location, names=tuple(names), schema=schema,
-                             batch_rows=batch_rows)
-    remote: DataFrame = spark.range(0, len(names), 1, len(names)).mapInArrow(task, from_arrow_schema(schema))
-    return remote
+
+def read_parquet_files(spark: Any, uris: Sequence[str], *, s3: S3Connection | None = None, ddl: str | None = None,
+                       batch_rows: int = 8192) -> DataFrame:
+    """The parquet files `uris` (all local paths, or all `s3://` URIs) as one DataFrame.
+
+    Local: Spark's reader. S3: one task per file, in the order given (so a single-partition
+    consumer sees the files' rows in that order). `ddl` is the schema to read (missing columns are
+    null); without it, the first file's.
+    """
+    if not uris:
+        raise RemoteIOError("no parquet files to read")
+    remote = [is_s3(u) for u in uris]
+    if not any(remote):
+        reader = spark.read.schema(ddl) if ddl else spark.read
+        local: DataFrame = reader.parquet(*uris)
+        return local
+    if not all(remote):
+        raise RemoteIOError(f"cannot read local files and s3 objects as one dataset: {list(uris)[:4]}")
+    locations = [S3Location.parse(u, s3) for u in uris]
+    paths = [f"{loc.bucket}/{loc.prefix.rstrip('/')}" for loc in locations]
+    connection = locations[0].connection
+    schema = arrow_schema_of(spark, ddl) if ddl else pq.read_schema(paths[0], filesystem=arrow_s3(connection))
+    return _files_frame(spark, connection, paths, schema, batch_rows)
+
+
+def arrow_schema_of(spark: Any, ddl: str) -> pa.Schema:
+    """The Arrow schema of a Spark DDL string, as Spark itself maps the types."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(spark.createDataFrame([], ddl).schema)
 
 
 def _write_file(batches: Iterable[pa.RecordBatch], location: S3Location) -> Iterator[pa.RecordBatch]:

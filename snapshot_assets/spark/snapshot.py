@@ -15,6 +15,13 @@ Two ways, both ending in a new STATE dataset (`state.StateBase`) and the artifac
 
 What runs where: the driver collects bucket reports and a few aggregates (row counts, the touched
 bucket ids), never a row. Parquet is written from the state's rows by its own writer.
+
+Where things live (locations.py): the buffer's segments, the state (bucket files + marker) and the
+staging folder are local paths or S3 locations. With `targets` the tasks send each bucket's bytes
+straight into the artifact's destinations (pieces.py: one multipart upload per format and
+destination, begun here, completed by `assemble`); without, they stage files locally (a local
+runtime only). On a cluster everything is in S3 and nothing is read or written through a disk
+the driver shares with the executors.
 """
 
 from __future__ import annotations
@@ -32,11 +39,16 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from resources.buffer.reader import SegmentRef
+from resources.destinations.s3 import S3Connection
+from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.spark.bases import Base, LayeredBase, latest_images
 from snapshot_assets.spark.effects import default_partitions, materialize
+from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import SchemaMisfit, infer_row_schema, typed_columns, write_snapshot
 from snapshot_assets.spark.parts import BuiltArtifact, Reuse, StagedFormat, prepare_staging
+from snapshot_assets.spark.pieces import PieceWriter, Sent, Targets, Uploads
+from snapshot_assets.spark.remote_io import input_file
 from snapshot_assets.spark.state import (
     BYTE_FORMATS,
     MAX_GROWTH,
@@ -63,8 +75,39 @@ class StateBuild:
 
     state: StateBase
     written: frozenset[int]
-    blobs: Mapping[tuple[str, int], Path]
+    blobs: Mapping[tuple[str, int], Path | Sent]
     mode: str
+
+
+class _Pieces:
+    """Where this build's byte-format pieces go: files in the local staging folder, or (with
+    targets) the uploads of the attempt that writes them, sent into by the tasks."""
+
+    def __init__(self, staging: Location, targets: Targets | None, object_keys: Mapping[str, str]) -> None:
+        self.staged = None if targets is not None else staging.path
+        self._targets, self._keys = targets, object_keys
+        self.uploads: Uploads | None = None
+
+    def begin(self, pieces: int) -> Uploads | None:
+        """Fresh uploads for an attempt that writes up to `pieces` buckets (an abandoned attempt's are aborted)."""
+        self.abort()
+        if self._targets is not None and self._keys:
+            self.uploads = Uploads.begin(self._targets.destinations, self._keys, pieces)
+        return self.uploads
+
+    def current(self, pieces: int) -> Uploads | None:
+        """The attempt's uploads (begun now if the attempt wrote no bucket)."""
+        return self.uploads if self.uploads is not None else self.begin(pieces)
+
+    def abort(self) -> None:
+        if self.uploads is not None:
+            self.uploads.abort()
+            self.uploads = None
+
+    def blobs(self, reports: Iterable[Any]) -> dict[tuple[str, int], Path | Sent]:
+        """Each reported piece (format, bucket) as the driver assembles it."""
+        return {(r["format"], int(r["bucket"])): Sent.parse(int(r["bucket"]), int(r["bytes"]), r["blob"])
+                if self._targets is not None else Path(r["blob"]) for r in reports if r["format"]}
 
 
 def _incremental_base(base: Base, fields: tuple[str, ...], formats: Sequence[str],
@@ -81,12 +124,9 @@ def _incremental_base(base: Base, fields: tuple[str, ...], formats: Sequence[str
     return layered
 
 
-def _blobs(reports: Iterable[Any]) -> dict[tuple[str, int], Path]:
-    return {(r["format"], int(r["bucket"])): Path(r["blob"]) for r in reports if r["format"]}
-
-
-def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], formats: Sequence[str], pool: Path,
-          staging: Path, state_dir: Path, position: str, bucket_bytes: int, schema: RowSchema | None) -> StateBuild:
+def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], formats: Sequence[str], pool: Location,
+          pieces: _Pieces, state_dir: Location, position: str, bucket_bytes: int,
+          schema: RowSchema | None) -> StateBuild:
     stats = table.selectExpr("count(*) AS n", "coalesce(sum(octet_length(row) + 1), 0) AS b").collect()[0]
     rows, size = int(stats["n"]), int(stats["b"])
     bounds = sample_bounds(table, bucket_count(rows, size, bucket_bytes), rows)
@@ -94,15 +134,17 @@ def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], format
     if "parquet" in formats:  # the typed columns, once per row as it enters; the schema once per epoch
         schema = schema or infer_row_schema(table)
         encoded = typed_columns(encoded, schema)
-    reports = write_buckets(encoded, bounds, len(bounds) + 1, pool, staging, formats)
+    uploads = pieces.begin(len(bounds) + 1)
+    reports = write_buckets(encoded, bounds, len(bounds) + 1, pool, pieces.staged, formats, uploads)
     buckets = buckets_from_reports(reports, bounds)
-    state = StateBase(str(state_dir), position, sum(b.rows for b in buckets), fields, buckets, tuple(formats),
-                      schema if "parquet" in formats else None)
-    return StateBuild(state, frozenset(i for i, b in enumerate(buckets) if b.path), _blobs(reports), "full")
+    state = StateBase(state_dir.uri, position, sum(b.rows for b in buckets), fields, buckets, tuple(formats),
+                      schema if "parquet" in formats else None, state_dir.s3)
+    return StateBuild(state, frozenset(i for i, b in enumerate(buckets) if b.path), pieces.blobs(reports), "full")
 
 
 def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | None, fields: tuple[str, ...],
-                 formats: Sequence[str], pool: Path, staging: Path, state_dir: Path, position: str) -> StateBuild:
+                 formats: Sequence[str], pool: Location, pieces: _Pieces, scratch: Location, state_dir: Location,
+                 position: str) -> StateBuild:
     """Rewrite the buckets the changes since the state fall in. SchemaMisfit when a changed row does
     not fit the state's typed columns (the caller re-types the table with a new schema)."""
     state = layered.state
@@ -111,9 +153,10 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
     if window is not None:
         layers.append(encode_rows(window.selectExpr("key", "new AS row"), fields, formats))
     bounds = state.bounds
+    moved = replace(state, path=state_dir.uri, s3=state_dir.s3, position=position)
     if not layers:
-        return StateBuild(replace(state, path=str(state_dir), position=position), frozenset(), {}, "incremental")
-    changed = materialize(latest_images(layers, ROWS_DDL), staging / "_work" / "changed")
+        return StateBuild(moved, frozenset(), {}, "incremental")
+    changed = materialize(latest_images(layers, ROWS_DDL), scratch / "changed")
     touched = sorted(int(r["b"]) for r in changed.selectExpr(f"{bucket_expr(bounds)} AS b").distinct().collect())
     upserts = changed.filter("row IS NOT NULL")
     if state.schema is not None:
@@ -123,11 +166,11 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
         old = state.rows_frame(spark, touched)
     merged = upserts if old is None else \
         old.join(changed.select("key"), "key", "left_anti").unionByName(upserts)
-    reports = write_buckets(merged, bounds, len(touched), pool, staging, formats)
+    uploads = pieces.begin(len(state.buckets))
+    reports = write_buckets(merged, bounds, len(touched), pool, pieces.staged, formats, uploads)
     buckets = buckets_from_reports(reports, bounds, emptied(state.buckets, touched, formats))
-    built = replace(state, path=str(state_dir), position=position, rows=sum(b.rows for b in buckets),
-                    buckets=buckets)
-    return StateBuild(built, frozenset(touched), _blobs(reports), "incremental")
+    built = replace(moved, rows=sum(b.rows for b in buckets), buckets=buckets)
+    return StateBuild(built, frozenset(touched), pieces.blobs(reports), "incremental")
 
 
 def _out_of_balance(state: StateBase, bucket_bytes: int) -> bool:
@@ -137,45 +180,53 @@ def _out_of_balance(state: StateBase, bucket_bytes: int) -> bool:
 # --- the artifact's pieces ---------------------------------------------------------------------------
 
 
-def _regenerate_task(batches: Iterable[Any], staging: str, formats: tuple[str, ...]) -> Iterator[Any]:
+def _regenerate_task(batches: Iterable[Any], staging: str | None, formats: tuple[str, ...], uploads: Uploads | None,
+                     s3: S3Connection | None) -> Iterator[Any]:
     """Re-concatenate the stored bytes of whole buckets (rows files), no decoding."""
     from snapshot_assets.spark.state import _lines
 
     done: list[tuple[str, int, str, int]] = []
     for batch in batches:
         for bucket, path in zip(batch.column("bucket").to_pylist(), batch.column("path").to_pylist(), strict=True):
-            outs = {f: open(Path(staging) / f / f"bucket-{bucket:05d}", "wb") for f in formats}  # noqa: SIM115
+            outs = {f: PieceWriter(f, bucket, uploads=uploads,
+                                   staged=None if staging is None else Path(staging) / f / f"bucket-{bucket:05d}")
+                    for f in formats}
             try:
-                for rows in pq.ParquetFile(path).iter_batches(batch_size=65536, columns=["row", "pb"]):
-                    for fid, out in outs.items():
-                        out.write(concatenated(_lines(rows) if fid == "jsonl" else rows.column("pb")))
-            finally:
+                with input_file(path, s3) as source:
+                    for rows in pq.ParquetFile(source).iter_batches(batch_size=65536, columns=["row", "pb"]):
+                        for fid, out in outs.items():
+                            out.stream.write(concatenated(_lines(rows) if fid == "jsonl" else rows.column("pb")))
+            except BaseException:
                 for out in outs.values():
-                    out.close()
-            done.extend((f, bucket, str(Path(staging) / f / f"bucket-{bucket:05d}"), 0) for f in formats)
+                    out.abort()
+                raise
+            for fid, out in outs.items():
+                where, size = out.close()
+                done.append((fid, bucket, where, size))
     columns = list(zip(*done, strict=True)) if done else [(), (), (), ()]
     yield pa.RecordBatch.from_arrays([pa.array(columns[0], pa.string()), pa.array(columns[1], pa.int32()),
                                       pa.array(columns[2], pa.string()), pa.array(columns[3], pa.int64())],
                                      names=["format", "bucket", "blob", "bytes"])
 
 
-def regenerate(spark: SparkSession, state: StateBase, indexes: Sequence[int], staging: Path,
-               formats: Sequence[str]) -> dict[tuple[str, int], Path]:
-    """Blobs of untouched buckets from their stored bytes (when no previous object can be copied)."""
+def regenerate(spark: SparkSession, state: StateBase, indexes: Sequence[int], staging: Path | None,
+               formats: Sequence[str], uploads: Uploads | None = None) -> list[Any]:
+    """Pieces of untouched buckets from their stored bytes (when no previous object can be copied):
+    staged in `staging`, or sent into `uploads`. The tasks' reports (format, bucket, blob, bytes)."""
     todo = [(i, state.buckets[i].path) for i in indexes if state.buckets[i].path]
     if not todo:
-        return {}
+        return []
     fids = tuple(f for f in formats if f in BYTE_FORMATS)
     frame = spark.createDataFrame(todo, "bucket INT, path STRING").repartition(len(todo))
-    func = functools.partial(_regenerate_task, staging=str(staging), formats=fids)
-    rows = frame.mapInArrow(func, "format STRING, bucket INT, blob STRING, bytes BIGINT").collect()
-    return {(r["format"], int(r["bucket"])): Path(r["blob"]) for r in rows}
+    func = functools.partial(_regenerate_task, staging=None if staging is None else str(staging), formats=fids,
+                             uploads=uploads, s3=state.s3)
+    return list(frame.mapInArrow(func, "format STRING, bucket INT, blob STRING, bytes BIGINT").collect())
 
 
 def byte_pieces(build: StateBuild, format_id: str, previous: StateBase | None,
                 previous_key: str | None) -> StagedFormat:
-    """The object of one byte format, bucket by bucket: fresh blobs, and ranges of the previous object."""
-    pieces: list[Path | Reuse] = []
+    """The object of one byte format, bucket by bucket: fresh pieces, and ranges of the previous object."""
+    pieces: list[Path | Reuse | Sent] = []
     starts = previous.offsets(format_id) if previous is not None else []
     total = 0
     for i, bucket in enumerate(build.state.buckets):
@@ -188,13 +239,13 @@ def byte_pieces(build: StateBuild, format_id: str, previous: StateBase | None,
             pieces.append(blob)
             continue
         if previous is None or previous_key is None:
-            raise RuntimeError(f"bucket {i} of {format_id} has neither a fresh blob nor a previous object")
+            raise RuntimeError(f"bucket {i} of {format_id} has neither a fresh piece nor a previous object")
         start = starts[i]
         last = pieces[-1] if pieces else None
         if isinstance(last, Reuse) and last.start + last.length == start:
-            pieces[-1] = Reuse(previous_key, last.start, last.length + size)
+            pieces[-1] = Reuse(previous_key, last.start, last.length + size, last.piece)
         else:
-            pieces.append(Reuse(previous_key, start, size))
+            pieces.append(Reuse(previous_key, start, size, i))
     return StagedFormat(format_id, tuple(pieces), total)
 
 
@@ -202,17 +253,23 @@ def byte_pieces(build: StateBuild, format_id: str, previous: StateBase | None,
 
 
 def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRef], to_position: str,
-                   key_fields: Sequence[str], formats: Sequence[str], staging_dir: Path | str,
-                   state_dir: Path | str, *, partitions: int | None = None,
+                   key_fields: Sequence[str], formats: Sequence[str], staging_dir: Path | str | Location,
+                   state_dir: Path | str | Location, *, partitions: int | None = None,
                    previous_keys: Mapping[str, str] | None = None,
-                   bucket_bytes: int = TARGET_BUCKET_BYTES, schema: RowSchema | None = None) -> BuiltArtifact:
+                   bucket_bytes: int = TARGET_BUCKET_BYTES, schema: RowSchema | None = None,
+                   targets: Targets | None = None, buffer_s3: S3Connection | None = None) -> BuiltArtifact:
     """Build the snapshot at `to_position` from `base` and the changes of `segments` (the window
     (base.position, to_position]); writes the new STATE dataset to `state_dir` (bucket files to the
     pool beside it) and stages every format. `previous_keys` (format -> object key of the snapshot the
     base's state was built for, present on every destination) lets untouched buckets be copied from
     it; `bucket_bytes` is the jsonl size a full build aims at per bucket; `schema` is the table's row
     schema for parquet's typed columns (None: inferred from the rows, once per epoch).
-    `details["state"]` is the written `StateBase`."""
+    `details["state"]` is the written `StateBase`.
+
+    Locations (a local path, or a `Location` in S3 with its connection; `buffer_s3` signs the reads
+    of segments in S3): with `targets` the tasks send the pieces into the destinations and
+    `assemble` completes them (required when staging is in S3: a cluster); without, pieces are
+    staged in `staging_dir` (a local runtime)."""
     if not to_position:
         raise ValueError("a snapshot needs a non-empty position")
     if not formats:
@@ -220,58 +277,88 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
     started = time.monotonic()
     fields, fmts = tuple(key_fields), tuple(formats)
     staging = prepare_staging(staging_dir, fmts)
-    state_path = Path(state_dir)
-    pool = state_path.resolve().parent / "buckets"
-    width = partitions or default_partitions(spark)
+    if staging.remote and targets is None:
+        raise ValueError(f"staging {staging.uri} is in S3: the build needs its targets (the tasks send the pieces)")
+    object_keys = {f: targets.key("snapshot", None, to_position, get_format(f).extension)
+                   for f in fmts} if targets is not None else {}
+    pieces = _Pieces(staging, targets, {f: k for f, k in object_keys.items() if f in BYTE_FORMATS})
+    parquet: Uploads | None = None
+    try:
+        if "parquet" in fmts and staging.remote:
+            assert targets is not None
+            parquet = Uploads.begin(targets.destinations, {"parquet": object_keys["parquet"]}, 1)
+        state_path = Location.of(state_dir)
+        build, previous, truncated = _state_build(
+            spark, base, segments, to_position, fields, fmts, staging, state_path, pieces,
+            width=partitions or default_partitions(spark), bucket_bytes=bucket_bytes, schema=schema,
+            buffer_s3=buffer_s3)
+        state = build.state
+        keys = previous_keys or {}
+        untouched = [i for i in range(len(state.buckets)) if i not in build.written]
+        if previous is not None and any(f not in keys for f in fmts if f in BYTE_FORMATS):
+            again = regenerate(spark, state, untouched, pieces.staged, fmts, pieces.current(len(state.buckets)))
+            build = StateBuild(state, build.written, {**build.blobs, **pieces.blobs(again)}, build.mode)
+        staged: dict[str, StagedFormat] = {}
+        for fid in fmts:
+            if fid in BYTE_FORMATS:
+                staged[fid] = byte_pieces(build, fid, previous, keys.get(fid))
+        if "parquet" in fmts:  # Spark's writer, one file, from the state's typed columns (nothing re-typed)
+            target = None if parquet is not None else staging.path / "parquet" / "snapshot.parquet"
+            written = write_snapshot(state.typed_frame(spark), target, uploads=parquet) if state.rows else \
+                write_snapshot(typed_columns(spark.createDataFrame([], "key STRING, row STRING"),
+                                             state.schema or RowSchema.of(())), target, uploads=parquet)
+            if written.rows != state.rows:
+                raise RuntimeError(f"the parquet snapshot holds {written.rows} rows but the state {state.rows}")
+            staged["parquet"] = StagedFormat("parquet", (written.path,), written.bytes)
+        state.save()
+    except BaseException:
+        pieces.abort()
+        if parquet is not None:
+            parquet.abort()
+        raise
+    uploads = pieces.uploads.merged(parquet) if pieces.uploads is not None else parquet
+    built = BuiltArtifact("snapshot", None, to_position, state.rows, staged, truncated, time.monotonic() - started,
+                          {"state": state, "base": base.describe(), "segments": len(segments), "mode": build.mode,
+                           "buckets": len(state.buckets), "rewritten": len(build.written)}, uploads)
+    log.info("snapshot at %s (%s) from %s + %d segments: %d rows, %d of %d buckets written in %.2fs", to_position,
+             build.mode, base.describe(), len(segments), state.rows, len(build.written), len(state.buckets),
+             built.seconds)
+    return built
+
+
+def _state_build(spark: SparkSession, base: Base, segments: Sequence[SegmentRef], to_position: str,
+                 fields: tuple[str, ...], fmts: tuple[str, ...], staging: Location, state_path: Location,
+                 pieces: _Pieces, *, width: int, bucket_bytes: int, schema: RowSchema | None,
+                 buffer_s3: S3Connection | None) -> tuple[StateBuild, StateBase | None, bool]:
+    """The new state (incremental when the base allows, else full), the state whose snapshot object
+    the untouched buckets' bytes come from (None after a full build), and whether a TRUNCATE was seen."""
+    pool = state_path.parent / "buckets"
+    scratch = staging / "_work"
     layered = _incremental_base(base, fields, fmts, schema)
     truncated = False
     build: StateBuild | None = None
     if layered is not None:
         window = None
         if segments:
-            net = net_window(spark, segments, layered, fields, partitions=width, scratch=staging / "_work")
+            net = net_window(spark, segments, layered, fields, partitions=width, scratch=scratch, s3=buffer_s3)
             truncated, window = net.truncated, net.net
         if not truncated:
             try:
-                build = _incremental(spark, layered, window, fields, fmts, pool, staging, state_path, to_position)
+                build = _incremental(spark, layered, window, fields, fmts, pool, pieces, scratch, state_path,
+                                     to_position)
             except SchemaMisfit:
                 if schema is not None:
                     raise  # the source's own schema: a real misfit
                 log.info("snapshot at %s: a changed row does not fit the inferred columns; re-typing", to_position)
     if build is not None and _out_of_balance(build.state, bucket_bytes):
         log.info("snapshot at %s: a bucket outgrew %d x its target; re-bucketing", to_position, MAX_GROWTH)
-        build = _full(spark, build.state.frame(spark, fields), fields, fmts, pool, staging, state_path, to_position,
+        build = _full(spark, build.state.frame(spark, fields), fields, fmts, pool, pieces, state_path, to_position,
                       bucket_bytes, build.state.schema)
     elif build is None:
-        table, truncated = advance(spark, base, segments, fields, partitions=width, scratch=staging / "_work")
-        build = _full(spark, table, fields, fmts, pool, staging, state_path, to_position, bucket_bytes, schema)
-    state = build.state
+        table, truncated = advance(spark, base, segments, fields, partitions=width, scratch=scratch, s3=buffer_s3)
+        build = _full(spark, table, fields, fmts, pool, pieces, state_path, to_position, bucket_bytes, schema)
     previous = layered.state if layered is not None and build.mode == "incremental" else None
-    keys = previous_keys or {}
-    untouched = [i for i in range(len(state.buckets)) if i not in build.written]
-    if previous is not None and any(f not in keys for f in fmts if f in BYTE_FORMATS):
-        build = StateBuild(state, build.written,
-                           {**build.blobs, **regenerate(spark, state, untouched, staging, fmts)}, build.mode)
-    staged: dict[str, StagedFormat] = {}
-    for fid in fmts:
-        if fid in BYTE_FORMATS:
-            staged[fid] = byte_pieces(build, fid, previous, keys.get(fid))
-    if "parquet" in fmts:  # Spark's writer, one file, from the state's typed columns (nothing re-typed)
-        target = staging / "parquet" / "snapshot.parquet"
-        written = write_snapshot(state.typed_frame(spark), target) if state.rows else \
-            write_snapshot(typed_columns(spark.createDataFrame([], "key STRING, row STRING"),
-                                         state.schema or RowSchema.of(())), target)
-        if written.rows != state.rows:
-            raise RuntimeError(f"the parquet snapshot holds {written.rows} rows but the state {state.rows}")
-        staged["parquet"] = StagedFormat("parquet", (written.path,), written.bytes)
-    state.save()
-    built = BuiltArtifact("snapshot", None, to_position, state.rows, staged, truncated, time.monotonic() - started,
-                          {"state": state, "base": base.describe(), "segments": len(segments), "mode": build.mode,
-                           "buckets": len(state.buckets), "rewritten": len(build.written)})
-    log.info("snapshot at %s (%s) from %s + %d segments: %d rows, %d of %d buckets written in %.2fs", to_position,
-             build.mode, base.describe(), len(segments), state.rows, len(build.written), len(state.buckets),
-             built.seconds)
-    return built
+    return build, previous, truncated
 
 
 __all__ = ["StateBase", "build_snapshot"]

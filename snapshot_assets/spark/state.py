@@ -17,6 +17,10 @@ re-base rewrites only the buckets its changes fall in: the others keep their fil
 in the new snapshot object are copied from the previous snapshot object (`SnapshotPieces`), so a
 re-base costs what changed.
 
+The state root is a local folder or an S3 location (locations.py): the tasks write and read the
+bucket files themselves (Arrow's filesystem), the driver only the marker, and the bucket paths in
+the marker are full URIs, so a cluster whose hosts share only S3 reads and writes the same state.
+
 Bucket bounds are fixed when a full build writes the state (sampled quantiles of sk, about
 `TARGET_BUCKET_BYTES` of jsonl per bucket) and kept by the incremental builds after it; a bucket that
 grows past `MAX_GROWTH` times the target makes the next build a full one, which re-balances.
@@ -27,7 +31,6 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-import json
 import math
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -40,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
+from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive.errors import EncodeError
 from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
 from snapshot_assets.archive.formats.protobuf import snapshot_record
@@ -47,7 +51,10 @@ from snapshot_assets.archive.keys import row_key
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
 from snapshot_assets.spark.effects import NET_DDL, decode_row
+from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import image_type, refusing_misfits
+from snapshot_assets.spark.pieces import PieceWriter, Uploads
+from snapshot_assets.spark.remote_io import read_parquet_files
 from snapshot_assets.spark.sortkey import sort_key_of
 
 STATE_MARKER = "_snapshotter_state.json"
@@ -60,6 +67,8 @@ TARGET_BUCKET_BYTES = DEFAULT_BUCKET_BYTES
 MAX_GROWTH = 4
 SAMPLES_PER_BUCKET = 32
 
+#: A task's report per bucket: its rows file (`format` "") and, per byte format, where its piece
+#: went (`blob`: a staged file's path, or what the uploads received, see pieces.py) and its size.
 REPORT_DDL = "bucket INT, lower BINARY, rows BIGINT, path STRING, format STRING, blob STRING, bytes BIGINT"
 _REPORT_ARROW = pa.schema([("bucket", pa.int32()), ("lower", pa.binary()), ("rows", pa.int64()),
                            ("path", pa.string()), ("format", pa.string()), ("blob", pa.string()),
@@ -167,42 +176,49 @@ def _lines(rows: Any) -> Any:
 
 
 class _BucketOut:
-    """One bucket being written by a task: its rows file and one blob per byte format."""
+    """One bucket being written by a task: its rows file in the pool (local or S3, through Arrow's
+    filesystem) and one piece per byte format (a staged file, or sent into the uploads)."""
 
-    def __init__(self, bucket: int, lower: bytes, pool: Path, staging: Path, token: str,
-                 formats: tuple[str, ...]) -> None:
+    def __init__(self, bucket: int, lower: bytes, pool: Location, staging: Path | None, token: str,
+                 formats: tuple[str, ...], uploads: Uploads | None) -> None:
         self.bucket, self.lower, self.rows = bucket, lower, 0
-        self.path = pool / f"{token}-{bucket:05d}.parquet"
-        self._tmp = self.path.with_name(f".{self.path.name}.tmp")
+        name = f"{token}-{bucket:05d}.parquet"
+        self.uri = (pool / name).uri
+        self._fs, folder = pool.filesystem()
+        self._path = f"{folder}/{name}"
+        # Locally a temp name renamed into place; an S3 object appears whole when its upload ends.
+        self._tmp = self._path if pool.remote else f"{folder}/.{name}.tmp"
+        self._stream: Any = None
         self._writer: Any = None
         self._compression = "zstd"
-        self._blobs: dict[str, tuple[Path, Any]] = {}
-        for fid in formats:
-            blob = staging / fid / f"bucket-{bucket:05d}"
-            blob.parent.mkdir(parents=True, exist_ok=True)
-            self._blobs[fid] = (blob, open(blob, "wb"))  # noqa: SIM115 - closed in close()
+        self._pieces = {fid: PieceWriter(fid, bucket, uploads=uploads,
+                                         staged=None if staging is None else staging / fid / f"bucket-{bucket:05d}")
+                        for fid in formats}
 
     def write(self, rows: Any) -> None:
         if self._writer is None:  # the rows' schema: ROWS_DDL, plus the typed `columns` struct for parquet
-            self._writer = pq.ParquetWriter(self._tmp, rows.schema, compression=self._compression)
+            self._stream = self._fs.open_output_stream(self._tmp)
+            self._writer = pq.ParquetWriter(self._stream, rows.schema, compression=self._compression)
         self._writer.write_batch(rows)
         self.rows += rows.num_rows
-        for fid, (_path, out) in self._blobs.items():
-            out.write(concatenated(_lines(rows) if fid == "jsonl" else rows.column("pb")))
+        for fid, piece in self._pieces.items():
+            piece.stream.write(concatenated(_lines(rows) if fid == "jsonl" else rows.column("pb")))
 
     def close(self) -> list[tuple[int, bytes, int, str, str, str, int]]:
         self._writer.close()
-        self._tmp.replace(self.path)
-        reports = [(self.bucket, self.lower, self.rows, str(self.path), "", "", 0)]
-        for fid, (path, out) in self._blobs.items():
-            out.close()
-            reports.append((self.bucket, self.lower, self.rows, str(self.path), fid, str(path), path.stat().st_size))
+        self._stream.close()
+        if self._tmp != self._path:
+            self._fs.move(self._tmp, self._path)
+        reports = [(self.bucket, self.lower, self.rows, self.uri, "", "", 0)]
+        for fid, piece in self._pieces.items():
+            where, size = piece.close()
+            reports.append((self.bucket, self.lower, self.rows, self.uri, fid, where, size))
         return reports
 
 
-def _bucket_task(batches: Iterable[Any], pool: str, staging: str, token: str,
-                 formats: tuple[str, ...]) -> Iterator[Any]:
-    """Rows sorted by (bucket, sk) -> one rows file and one blob per format for each bucket seen."""
+def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, token: str,
+                 formats: tuple[str, ...], uploads: Uploads | None) -> Iterator[Any]:
+    """Rows sorted by (bucket, sk) -> one rows file and one piece per format for each bucket seen."""
     reports: list[tuple[int, bytes, int, str, str, str, int]] = []
     current: _BucketOut | None = None
     for batch in batches:
@@ -216,8 +232,8 @@ def _bucket_task(batches: Iterable[Any], pool: str, staging: str, token: str,
             if current is None or current.bucket != bucket:
                 if current is not None:
                     reports.extend(current.close())
-                current = _BucketOut(bucket, rows.column("sk")[lo].as_py(), Path(pool), Path(staging), token,
-                                     formats)
+                current = _BucketOut(bucket, rows.column("sk")[lo].as_py(), pool,
+                                     None if staging is None else Path(staging), token, formats, uploads)
             current.write(rows.slice(lo, hi - lo))
     if current is not None:
         reports.extend(current.close())
@@ -226,16 +242,17 @@ def _bucket_task(batches: Iterable[Any], pool: str, staging: str, token: str,
                                      schema=_REPORT_ARROW)
 
 
-def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: int, pool: Path, staging: Path,
-                  formats: Sequence[str]) -> list[Any]:
+def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: int, pool: Path | Location,
+                  staging: Path | None, formats: Sequence[str], uploads: Uploads | None = None) -> list[Any]:
     """Write the buckets present in `encoded` (ROWS_DDL rows, and the typed `columns` when the archive
     has parquet): each bucket's rows sorted by sk into one new rows file of the pool, and its bytes
-    in each byte format into a staged blob. Returns the tasks' reports (REPORT_DDL); a value that
-    does not fit the typed columns raises SchemaMisfit."""
-    pool.mkdir(parents=True, exist_ok=True)
+    in each byte format as a piece: a file staged in `staging` (local runtime), or sent into
+    `uploads` (`staging` None). Returns the tasks' reports (REPORT_DDL); a value that does not fit
+    the typed columns raises SchemaMisfit."""
+    where = Location.of(pool).make()
     byte_formats = tuple(f for f in formats if f in BYTE_FORMATS)
-    func = functools.partial(_bucket_task, pool=str(pool), staging=str(staging), token=uuid.uuid4().hex[:12],
-                             formats=byte_formats)
+    func = functools.partial(_bucket_task, pool=where, staging=None if staging is None else str(staging),
+                             token=uuid.uuid4().hex[:12], formats=byte_formats, uploads=uploads)
     typed = ["columns"] if "columns" in encoded.columns else []
     frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb", *typed)
     frame = frame.repartition(max(1, touched), "bucket").sortWithinPartitions("bucket", "sk")
@@ -277,29 +294,34 @@ class StateBase:
     buckets: tuple[Bucket, ...] = ()
     formats: tuple[str, ...] = ()
     schema: RowSchema | None = None  # the typed columns' schema, when the archive has parquet
+    s3: S3Connection | None = None  # signs the marker's and the bucket files' requests when they are in S3
+
+    @property
+    def location(self) -> Location:
+        return Location.of(self.path, self.s3)
 
     @classmethod
-    def load(cls, path: Path | str) -> StateBase | None:
-        """The dataset at `path` if it is complete (its marker is written last) and of this version."""
+    def load(cls, path: Path | str | Location, s3: S3Connection | None = None) -> StateBase | None:
+        """The dataset at `path` (a local folder or an s3 URI signed by `s3`) if it is complete (its
+        marker is written last) and of this version."""
+        where = Location.of(path, s3)
         try:
-            meta = json.loads((Path(path) / STATE_MARKER).read_text())
-            if meta.get("version") != STATE_VERSION:
+            meta = where.read_json(STATE_MARKER)
+            if meta is None or meta.get("version") != STATE_VERSION:
                 return None
             schema = RowSchema.from_json(meta["schema"]) if meta.get("schema") else None
-            return cls(str(path), str(meta["position"]), int(meta["rows"]), tuple(meta["key_fields"]),
-                       tuple(Bucket.from_json(b) for b in meta["buckets"]), tuple(meta["formats"]), schema)
+            return cls(where.uri, str(meta["position"]), int(meta["rows"]), tuple(meta["key_fields"]),
+                       tuple(Bucket.from_json(b) for b in meta["buckets"]), tuple(meta["formats"]), schema,
+                       where.s3)
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def save(self) -> StateBase:
-        target = Path(self.path)
-        target.mkdir(parents=True, exist_ok=True)
+        """Write the marker (driver side, last: the bucket files it names are already written)."""
         marker = {"position": self.position, "rows": self.rows, "key_fields": list(self.key_fields),
                   "formats": list(self.formats), "buckets": [b.to_json() for b in self.buckets],
                   "schema": self.schema.to_json() if self.schema is not None else None, "version": STATE_VERSION}
-        tmp = target / f".{STATE_MARKER}.tmp"
-        tmp.write_text(json.dumps(marker))
-        tmp.replace(target / STATE_MARKER)
+        self.location.write_json(STATE_MARKER, marker)
         return self
 
     @property
@@ -319,7 +341,7 @@ class StateBase:
         paths = [b.path for b in chosen if b.path is not None]
         if not paths:
             return spark.createDataFrame([], ROWS_DDL)
-        return spark.read.schema(ROWS_DDL).parquet(*paths)
+        return read_parquet_files(spark, paths, s3=self.s3, ddl=ROWS_DDL)
 
     def typed_frame(self, spark: SparkSession, buckets: Iterable[int] | None = None) -> DataFrame:
         """The stored rows with their typed `columns` struct (a state kept for parquet), in bucket order."""
@@ -329,7 +351,7 @@ class StateBase:
             raise ValueError(f"state at {self.path} keeps no typed rows")
         # The bucket files do not keep Spark's field metadata (the columns' parquet encodings): the
         # cast to the schema's image type puts it back.
-        frame = spark.read.parquet(*paths)
+        frame = read_parquet_files(spark, paths, s3=self.s3)
         return frame.withColumn("columns", frame["columns"].cast(image_type(self.schema)))
 
     def rows_for(self, spark: SparkSession, key_fields: Sequence[str], keys: DataFrame) -> DataFrame:
@@ -359,6 +381,27 @@ class StateBase:
             starts.append(at)
             at += b.sizes.get(format_id, 0)
         return starts
+
+
+def prune_state(root: Path | str | Location, epoch: int) -> None:
+    """Keep only the STATE dataset of `epoch` (the newest snapshot's), the bucket files it names and
+    the deltas of its epoch (the head) under the state root `root`, local or in S3."""
+    where = Location.of(root)
+    keep = f"epoch={epoch}"
+    for name in where.folders():
+        if name.startswith("epoch=") and name != keep:
+            (where / name).clear()
+    for name in (where / "deltas").folders():
+        if name != keep:
+            (where / "deltas" / name).clear()
+    state = StateBase.load(where / keep)
+    if state is None:
+        return
+    kept = {uri.rsplit("/", 1)[-1] for uri in state.files()}
+    pool = where / "buckets"
+    for name in pool.list_files(".parquet"):
+        if name not in kept:
+            pool.delete(name)
 
 
 def bucket_count(rows: int, jsonl_bytes: int, bucket_bytes: int = TARGET_BUCKET_BYTES) -> int:

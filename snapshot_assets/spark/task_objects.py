@@ -23,8 +23,9 @@ import functools
 import io
 import tempfile
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pyarrow as pa
@@ -121,27 +122,83 @@ def _write_shares(batches: Iterator[pa.RecordBatch], uploads: tuple[tuple[str, M
                                       zip(zip(*rows, strict=True), _PIECE_ARROW, strict=True)], schema=_PIECE_ARROW)
 
 
-def _final_parts(pieces: Sequence[Any], parts_per_task: int) -> tuple[list[PlannedPart], list[int]]:
-    """One upload's parts still to write (staged heads and small shares, planned per run) and the body
-    parts its tasks wrote. A run of staged pieces takes numbers from its first piece's block on, which
-    stay below the body that follows (a run plans no more parts than it has pieces)."""
+@dataclass(frozen=True, slots=True)
+class SentPiece:
+    """What a task sent of one piece to one upload: the staged head (its key and size; "" when the
+    piece is empty) and the body part numbers it wrote."""
+
+    staged: str
+    staged_bytes: int
+    parts: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"staged": self.staged, "staged_bytes": self.staged_bytes, "parts": list(self.parts)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SentPiece:
+        return cls(str(data["staged"]), int(data["staged_bytes"]), tuple(int(n) for n in data["parts"]))
+
+
+def send_piece(upload: MultipartUpload, spool: BinaryIO, size: int, piece: int, parts_per_task: int) -> SentPiece:
+    """Send `size` bytes of `spool` as piece number `piece` of `upload` (head staged, body as parts)."""
+    staged, head, numbers = _send(upload, spool, size, piece, parts_per_task)
+    return SentPiece(staged, head, tuple(numbers))
+
+
+def plan_pieces(items: Sequence[tuple[int, SentPiece | CopyRange]],
+                parts_per_task: int) -> tuple[list[PlannedPart], list[int]]:
+    """One upload's parts still to write and the body parts its tasks wrote, from its pieces in
+    object order: (piece index, what a task sent or a range of an existing object to copy).
+
+    A run of staged heads and copied ranges takes numbers from its first piece's block on and must
+    stay below the body that follows (at most one number per piece of the run, unless a range
+    needs several parts of 5 GiB: MultipartError then names the shortage)."""
     planned: list[PlannedPart] = []
     written: list[int] = []
     run: list[CopyRange] = []
     run_first = 0
-    for piece in sorted(pieces, key=lambda p: int(p["piece"])):
-        if not piece["bytes"]:
-            continue
+    for index, item in items:
+        if isinstance(item, SentPiece):
+            if not item.staged_bytes:
+                continue
+            segment = CopyRange(item.staged, 0, item.staged_bytes)
+        else:
+            segment = item
         if not run:
-            run_first = int(piece["piece"]) * parts_per_task + 1
-        run.append(CopyRange(str(piece["staged"]), 0, int(piece["staged_bytes"])))
-        if piece["parts"]:
-            planned.extend(plan_parts(run, first_number=run_first))
-            written.extend(int(n) for n in piece["parts"])
+            run_first = index * parts_per_task + 1
+        run.append(segment)
+        if isinstance(item, SentPiece) and item.parts:
+            planned.extend(plan_parts(run, first_number=run_first, max_parts=index * parts_per_task + 1))
+            written.extend(item.parts)
             run = []
     if run:
         planned.extend(plan_parts(run, first_number=run_first))
     return planned, written
+
+
+def complete_pieces(upload: MultipartUpload, items: Sequence[tuple[int, SentPiece | CopyRange]],
+                    parts_per_task: int, *, threads: int = 8) -> PutResult:
+    """Place the staged heads and copied ranges (`plan_pieces`), then complete the upload (driver)."""
+    planned, written = plan_pieces(items, parts_per_task)
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="assemble") as pool:
+        list(pool.map(lambda part: write_planned(upload, part), planned))
+    return upload.complete(sorted([*written, *(part.number for part in planned)]))
+
+
+def parts_per_piece(pieces: int) -> int:
+    """The part numbers each of `pieces` pieces of one object may use (S3 allows 10,000 in all)."""
+    per = min(PARTS_PER_TASK, MAX_PARTS // max(1, pieces))
+    if per < 2:
+        raise MultipartError(f"{pieces} pieces cannot make one object: S3 allows {MAX_PARTS} parts and each piece "
+                             "needs two numbers (its head and its body); use fewer, larger pieces")
+    return per
+
+
+def _final_parts(pieces: Sequence[Any], parts_per_task: int) -> tuple[list[PlannedPart], list[int]]:
+    """`plan_pieces` over the piece rows (PIECE_DDL) the tasks of `assemble_objects` reported."""
+    items = [(int(p["piece"]), SentPiece(str(p["staged"]), int(p["staged_bytes"]), tuple(p["parts"] or ())))
+             for p in sorted(pieces, key=lambda p: int(p["piece"])) if p["bytes"]]
+    return plan_pieces(items, parts_per_task)
 
 
 def assemble_objects(df: DataFrame, targets: Sequence[Target], encode: Encoder, *,

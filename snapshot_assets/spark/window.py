@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.buffer.reader import SegmentRef
+from resources.destinations.s3 import S3Connection
 from snapshot_assets.spark.bases import Base
 from snapshot_assets.spark.effects import (
     after_cut,
@@ -42,6 +43,7 @@ from snapshot_assets.spark.effects import (
     window_facts,
 )
 from snapshot_assets.spark.images import complete_befores, fill_gaps
+from snapshot_assets.spark.locations import Location
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +55,11 @@ class NetWindow:
 
 
 def net_window(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, key_fields: Sequence[str], *,
-               partitions: int, scratch: Path) -> NetWindow:
-    """The window `segments` (which must start at `base.position`) as one net change per key."""
+               partitions: int, scratch: Path | Location, s3: S3Connection | None = None) -> NetWindow:
+    """The window `segments` (which must start at `base.position`) as one net change per key;
+    `s3` signs the reads of segments that live in S3, `scratch` takes the intermediate datasets."""
     fields = tuple(key_fields)
-    rows = read_window(spark, segments)
+    rows = read_window(spark, segments, s3)
     facts = window_facts(rows)
     changes = after_cut(rows, facts)
     if facts.legacy:
@@ -76,11 +79,11 @@ def net_window(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
 
 
 def advance(spark: SparkSession, base: Base, segments: Sequence[SegmentRef], key_fields: Sequence[str], *,
-            partitions: int, scratch: Path) -> tuple[DataFrame, bool]:
+            partitions: int, scratch: Path | Location, s3: S3Connection | None = None) -> tuple[DataFrame, bool]:
     """The table at the end of `segments` (STATE_DDL), and whether a TRUNCATE dropped the base."""
     if not segments:
         return base.frame(spark, key_fields), False
-    window = net_window(spark, segments, base, key_fields, partitions=partitions, scratch=scratch)
+    window = net_window(spark, segments, base, key_fields, partitions=partitions, scratch=scratch, s3=s3)
     previous = base.frame(spark, key_fields)
     if window.truncated:
         previous = previous.limit(0)  # the TRUNCATE wiped the base
