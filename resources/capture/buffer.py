@@ -208,7 +208,7 @@ class CaptureBuffer:
             if count >= self.settings.buffer.max_events or size >= self.settings.page_limit_bytes:
                 break
         else:
-            if not force:
+            if not force or not count:
                 return []
         page = w.pending[:count]
         del w.pending[:count]
