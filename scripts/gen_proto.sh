@@ -55,3 +55,19 @@ find "$rout" -type d -print0 | while IFS= read -r -d '' dir; do
   [[ -f "$dir/__init__.py" ]] || : > "$dir/__init__.py"
 done
 echo "generated: proto/laredo/replication/v1/replication.proto -> $rgen"
+
+# --- prism event capture (resources/capture: the publish service and its pages) ------------------
+# Same layout as the replication protocol: `resources.proto.prism.interfaces.pubsub_basic_pb2` and
+# `resources.proto.prism.snapshotter.page_pb2`.
+"$python" -m grpc_tools.protoc -I proto --python_out="$rout" --pyi_out="$rout" --grpc_python_out="$rout" \
+  proto/prism/interfaces/pubsub_basic.proto
+"$python" -m grpc_tools.protoc -I proto --python_out="$rout" --pyi_out="$rout" proto/prism/snapshotter/page.proto
+for short in prism.interfaces.pubsub_basic_pb2 prism.snapshotter.page_pb2; do
+  sed -i "s/'${short}'/'resources.proto.${short}'/" "$rout/${short//.//}.py"
+done
+sed -i "s/^from prism\.interfaces import /from resources.proto.prism.interfaces import /" \
+  "$rout/prism/interfaces/pubsub_basic_pb2_grpc.py"
+find "$rout" -type d -print0 | while IFS= read -r -d '' dir; do
+  [[ -f "$dir/__init__.py" ]] || : > "$dir/__init__.py"
+done
+echo "generated: proto/prism/{interfaces/pubsub_basic,snapshotter/page}.proto -> $rout/prism"

@@ -8,6 +8,7 @@ missing object) ends with exit status 1 and one line on stderr naming it, never 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import dagster as dg
 
+from resources.aws_credentials import CredentialProfiles
 from resources.destinations.base import Destination, DestinationError
 from resources.destinations.factory import build_destination, location_spec
 from resources.subscribers.tls import ServerTls, TlsError
@@ -31,6 +33,7 @@ from snapshot_assets.config import load_config
 from snapshot_assets.redaction import install_log_redaction, redact
 
 if TYPE_CHECKING:
+    from resources.capture.settings import CaptureSettings
     from snapshot_assets.launch import Launcher
     from snapshot_assets.pipeline.table import TablePipeline
     from snapshot_assets.spark.connect_server import ServerStatus
@@ -147,6 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
     fan.add_argument("--tls-cert", help="serve over TLS with this certificate (PEM; with --tls-key)")
     fan.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
     fan.add_argument("--tls-client-ca", help="mutual TLS: require client certificates signed by this CA (PEM)")
+    cap = sub.add_parser("capture-serve", help="serve event capture (RFC-023 Publish) from the config's capture block")
+    cap.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+    cap.add_argument("--host", default="0.0.0.0")
+    cap.add_argument("--port", type=int, help="gRPC port (default: capture.port)")
+    cap.add_argument("--http-port", type=int, help="also serve /health/* and /metrics on this port")
+
+    rep = sub.add_parser("replay", help="print a capture writer's events in order (NDJSON, payload base64)")
+    rep.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+    rep.add_argument("--writer", required=True, help="the writer id (the topic it published to)")
+    rep.add_argument("--from", dest="start", help="first time (unix milliseconds or ISO-8601)")
+    rep.add_argument("--to", dest="end", help="last time (unix milliseconds or ISO-8601)")
     return parser
 
 
@@ -393,9 +407,47 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _capture_settings(args: argparse.Namespace) -> tuple[CaptureSettings, CredentialProfiles]:
+    """The capture block and the profiles its destination's `credentials` may name."""
+    config = load_config(args.config)
+    if config.capture is None:
+        raise CliError(f"{config.file} has no capture block")
+    return config.capture, CredentialProfiles.shared(config.credentials)
+
+
+def cmd_capture_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from resources.capture.app import CaptureApp
+    from snapshot_assets.services import install_stop_signals
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings, profiles = _capture_settings(args)
+    app = CaptureApp(settings, profiles=profiles)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    port = app.start(args.port, args.http_port, args.host)
+    print(f"capture: listening on {args.host}:{port}" + (f", http {app.http_port_bound}" if args.http_port is not None
+                                                         else ""), file=out, flush=True)
+    stop.wait()
+    app.stop()
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
+    from resources.capture.pages import event_json
+    from resources.capture.replay import parse_time, replay
+
+    settings, profiles = _capture_settings(args)
+    start = parse_time(args.start) if args.start else None
+    end = parse_time(args.end) if args.end else None
+    for event in replay(settings, args.writer, start, end, profiles=profiles):
+        out.write(json.dumps(event_json(event), separators=(",", ":")) + "\n")
+    return 0
+
+
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
-            "serve": cmd_serve, "serve-metrics": cmd_serve, "spark": cmd_spark}
+            "serve": cmd_serve, "serve-metrics": cmd_serve, "spark": cmd_spark, "capture-serve": cmd_capture_serve,
+            "replay": cmd_replay}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -404,7 +456,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
     try:
         return COMMANDS[args.command](args, stream)
-    except (CliError, ArchiveError, DestinationError, ValueError, RuntimeError, TimeoutError) as e:
+    except (CliError, ArchiveError, DestinationError, ValueError, LookupError, RuntimeError, TimeoutError) as e:
         print(f"snapshotter {args.command}: {redact(str(e))}", file=sys.stderr)
         return 1
 

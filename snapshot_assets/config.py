@@ -27,6 +27,17 @@ from pyhocon.exceptions import ConfigException
 from pyparsing import ParseBaseException
 
 from resources.buffer.lease import DEFAULT_LEASE_S
+from resources.capture.keys import KeyTemplateError, check_template
+from resources.capture.settings import (
+    COMPRESSIONS,
+    INDEX_BACKENDS,
+    PAGE_FORMATS,
+    BufferSettings,
+    CaptureSettings,
+    IndexSettings,
+    PageSettings,
+    StorageSettings,
+)
 from resources.subscribers.tls import ClientTls, TlsError
 from resources.work_storage import is_s3_uri
 from snapshot_assets.archive.formats import FORMATS
@@ -180,6 +191,7 @@ class SnapshotterConfig:
     credentials: Mapping[str, CredentialProfile]
     http_port: int
     spark: SparkConfig
+    capture: CaptureSettings | None = None  # `capture { }`: the event capture service (resources/capture)
 
     def table(self, name: str) -> TableConfig:
         for t in self.tables:
@@ -513,6 +525,58 @@ def _bucket_bytes(s: _Section) -> int:
     return size
 
 
+def _capture(s: _Section, credentials: Mapping[str, CredentialProfile]) -> CaptureSettings:
+    """`capture { port, buffer { }, page { }, storage { }, index { } }` (resources/capture/settings.py)."""
+    d = CaptureSettings()
+    b, p, st, ix = s.sub("buffer"), s.sub("page"), s.sub("storage"), s.sub("index")
+    buffer = BufferSettings(
+        path=os.path.abspath(b.string("path", d.buffer.path)),
+        max_events=b.get("max_events", parse_count, d.buffer.max_events),
+        max_size_bytes=b.get("max_size_bytes", parse_size, d.buffer.max_size_bytes),
+        max_age_seconds=b.get("max_age_seconds", parse_duration,
+                              _dt.timedelta(seconds=d.buffer.max_age_seconds)).total_seconds(),
+        flush_on_disconnect=b.get("flush_on_disconnect", parse_bool, d.buffer.flush_on_disconnect),
+        max_payload_bytes=b.get("max_payload_bytes", parse_size, d.buffer.max_payload_bytes))
+    for key, value in (("max_events", buffer.max_events), ("max_size_bytes", buffer.max_size_bytes),
+                       ("max_age_seconds", buffer.max_age_seconds), ("max_payload_bytes", buffer.max_payload_bytes)):
+        if value <= 0:
+            raise ConfigError(s.file, b.at(key), "must be greater than 0")
+    page = PageSettings(format=p.string("format", d.page.format, choices=PAGE_FORMATS),
+                        compression=p.string("compression", d.page.compression, choices=COMPRESSIONS),
+                        target_size_mb=p.get("target_size_mb", parse_fraction, d.page.target_size_mb),
+                        include_metadata=p.get("include_metadata", parse_bool, d.page.include_metadata),
+                        tags={k: str(v) for k, v in p.sub("tags").plain().items()})
+    if page.target_size_mb <= 0:
+        raise ConfigError(s.file, p.at("target_size_mb"), "must be greater than 0")
+    if not st.has("destination"):
+        raise ConfigError(s.file, st.at("destination"), "is required (where pages are written)")
+    storage = StorageSettings(
+        destination=_destination(st.sub("destination"), credentials),
+        key_template=st.string("key_template", d.storage.key_template),
+        retry_backoff=st.get("retry_backoff", parse_duration,
+                             _dt.timedelta(seconds=d.storage.retry_backoff)).total_seconds(),
+        retry_for=st.get("retry_for", parse_duration, _dt.timedelta(seconds=d.storage.retry_for)).total_seconds(),
+        dead_letter=os.path.abspath(st.string("dead_letter")) if st.has("dead_letter") else "")
+    try:
+        check_template(storage.key_template)
+    except KeyTemplateError as e:
+        raise ConfigError(s.file, st.at("key_template"), str(e)) from None
+    index = IndexSettings(backend=ix.string("backend", d.index.backend, choices=INDEX_BACKENDS),
+                          dsn=ix.string("dsn"), table=ix.string("table", d.index.table),
+                          retry_backoff=ix.get("retry_backoff", parse_duration,
+                                               _dt.timedelta(seconds=d.index.retry_backoff)).total_seconds())
+    if index.backend != "none" and not index.dsn:
+        raise ConfigError(s.file, ix.at("dsn"), f"is required for a {index.backend} index")
+    if not index.table.replace("_", "").isalnum():
+        raise ConfigError(s.file, ix.at("table"), f"{index.table!r} is not a plain table name")
+    if index.backend == "postgres":
+        register_dsn(index.dsn)
+    port = s.get("port", parse_count, d.port)
+    for section in (b, p, st, ix, s):
+        section.done()
+    return CaptureSettings(buffer=buffer, page=page, storage=storage, index=index, port=port)
+
+
 def _credentials(s: _Section) -> dict[str, CredentialProfile]:
     out: dict[str, CredentialProfile] = {}
     for name in list(s.tree.keys()):
@@ -597,6 +661,7 @@ def _from_tree(tree: ConfigTree, file: str, env: Mapping[str, str] | None) -> Sn
                                                               SparkConfig.local_server_idle_timeout))
     spark_s.done()
     buffer = _buffer(root.sub("buffer") if root.has("buffer") else _Section({}, "", file), BufferConfig(), credentials)
+    capture = _capture(root.sub("capture"), credentials) if root.has("capture") else None
     if root.has("tables"):
         stray = [k for k in TABLE_KEYS if k != "buffer" and root.has(k)]
         if stray:
@@ -604,16 +669,19 @@ def _from_tree(tree: ConfigTree, file: str, env: Mapping[str, str] | None) -> Sn
         tables = tuple(_table_done(t, credentials, buffer) for t in root.items("tables"))
     elif root.has("source"):
         tables = (_table(root, credentials, buffer),)
+    elif capture is not None:
+        tables = ()  # an event capture service alone archives no table
     else:
         raise ConfigError(file, "snapshotter", "no tables configured (set snapshotter.tables or snapshotter.source)")
     root.done()
-    if not tables:
+    if not tables and capture is None:
         raise ConfigError(file, "snapshotter.tables", "is empty")
     names = [t.name for t in tables]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(file, "snapshotter.tables", f"table {dupes[0]} is configured twice")
-    return SnapshotterConfig(file=file, tables=tables, credentials=credentials, http_port=http_port, spark=spark)
+    return SnapshotterConfig(file=file, tables=tables, credentials=credentials, http_port=http_port, spark=spark,
+                             capture=capture)
 
 
 def _table_done(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: BufferConfig) -> TableConfig:

@@ -11,7 +11,8 @@ The resources are the ones the assets, checks and jobs use:
   event_sinks          each table's event sinks (SNS, SQS, Kinesis, file);
   subscribers          opens the source stream a table's ingest run reads;
   change_buffers       opens the change buffer the ingest run appends to;
-  artifact_io_manager  hands the built artifact from snapshot/diff to manifest through the instance.
+  artifact_io_manager  hands the built artifact from snapshot/diff to manifest through the instance;
+  capture              the event capture block's page storage and index (snapshot_assets/capture).
 """
 
 import dagster as dg
@@ -28,6 +29,10 @@ from sensors.rebase_trigger import rebase_trigger
 from sensors.run_failure import run_failure_alert
 from snapshot_assets.archive_jobs import verify_archive_job
 from snapshot_assets.assets import ARTIFACT_IO, archive_is_sound, change_buffer, diff, manifest, snapshot
+from snapshot_assets.capture.assets import capture_index_matches_storage, capture_pages
+from snapshot_assets.capture.jobs import capture_reconcile_job, capture_reconcile_schedule
+from snapshot_assets.capture.observe import capture_pages_observer
+from snapshot_assets.capture.resource import CaptureResource
 from snapshot_assets.handoff import ArtifactIOManager
 from snapshot_assets.jobs import diff_job, force_snapshot, ingest_job, reconstruct_job, snapshot_job
 from snapshot_assets.redaction import install_log_redaction
@@ -49,13 +54,16 @@ def resources() -> dict[str, object]:
         "subscribers": SubscriberResource(),
         "change_buffers": ChangeBufferResource(),
         ARTIFACT_IO: ArtifactIOManager(),
+        "capture": CaptureResource(),
     }
 
 
 defs = dg.Definitions(
-    assets=[change_buffer, snapshot, diff, manifest],
-    asset_checks=[archive_is_sound],
-    jobs=[diff_job, snapshot_job, force_snapshot, ingest_job, reconstruct_job, verify_archive_job],
-    sensors=[rebase_trigger, ingest_supervisor, outbox_retry, run_failure_alert],
+    assets=[change_buffer, snapshot, diff, manifest, capture_pages],
+    asset_checks=[archive_is_sound, capture_index_matches_storage],
+    jobs=[diff_job, snapshot_job, force_snapshot, ingest_job, reconstruct_job, verify_archive_job,
+          capture_reconcile_job],
+    schedules=[capture_reconcile_schedule],
+    sensors=[rebase_trigger, ingest_supervisor, outbox_retry, run_failure_alert, capture_pages_observer],
     resources=resources(),
 )

@@ -1,0 +1,1 @@
+"""Event capture in Dagster: the pages as a day-partitioned asset, its index check, reconciliation."""
