@@ -24,6 +24,11 @@ position). Every row has the same thirteen columns (`SCHEMA`):
     old_partial  bool    `old` is absent or holds only key columns (`algebra.partial_image`), null
                          for a TRUNCATE
     old_carries_key bool `old` holds every key field (`algebra.carries_key`), null for a TRUNCATE
+    codec        string  a change kept as the stream's column text (`text_rows.RowCodec.text`: column
+                         names, converter specs, key), else null; then `old`, `new` and the five
+                         derived columns are null in the file and `with_images` computes them
+    old_text, new_text  list<string>  that change's images as column text (`text_rows.TextValues`)
+    old_absent   string  JSON array of the columns `old_text` lacks (unchanged TOASTed values), else null
 
 Why the last five are stored: they are facts of one change that only a decoder of its images can
 compute (exact integers, Go's `%v`, which columns an image holds), and ingest already holds the
@@ -31,6 +36,12 @@ decoded change. Stored, they let
 the diff job run the change algebra as Spark SQL over `(key, seq)` without decoding an image
 (`spark/effects.py`). Segments written before they existed read them as null; the diff job
 derives them for such rows with `derived_columns`, the function ingest uses.
+
+Why text: encoding two images of every change into Go's JSON took two thirds of the ingest's CPU.
+A PostgreSQL change (`text_rows.TextChange`) is therefore stored as its column text, with only the
+`key` computed at ingest (the buffer's own bookkeeping needs it, and it refuses a change without
+one); every reader of change segments (the diff job's `read_window`, through `with_images`) turns
+those rows into exactly the row `encode_change` writes for the typed change, by calling it.
 
 Why the file describes itself: its Parquet key-value metadata carries its own index entry
 (`SegmentMeta`), the table name and the table schema, so the index can always be rebuilt from the
@@ -51,6 +62,7 @@ import pyarrow.parquet as pq
 
 from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import ChangeEvent, Column, TableSchema
+from resources.subscribers.text_rows import RowCodec, TextChange, TextValues
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import MalformedChange, carries_key, partial_image
 from snapshot_assets.archive.changes import Action, Row
@@ -81,14 +93,19 @@ SCHEMA = pa.schema([
     pa.field("old_change_key", pa.string()),
     pa.field("old_partial", pa.bool_()),
     pa.field("old_carries_key", pa.bool_()),
+    pa.field("codec", pa.string()),
+    pa.field("old_text", pa.list_(pa.string())),
+    pa.field("new_text", pa.list_(pa.string())),
+    pa.field("old_absent", pa.string()),
 ])
 _POSITION_COLUMN = SCHEMA.get_field_index("position")
 
 RowTuple = tuple[int, str, str, str | None, str | None, str | None, str | None, str | None, str | None, str | None,
-                 str | None, bool | None, bool | None]
+                 str | None, bool | None, bool | None, str | None, TextValues | None, TextValues | None, str | None]
 DerivedColumns = tuple[str | None, str | None, str | None, bool | None, bool | None]
 """old_key, change_key, old_change_key, old_partial, old_carries_key (`derived_columns`)."""
-"""One buffer row in `SCHEMA` column order."""
+_NO_TEXT = (None, None, None, None)
+"""codec, old_text, new_text, old_absent of a change whose images are encoded."""
 
 
 # --- row encoding ------------------------------------------------------------------------------
@@ -148,6 +165,8 @@ def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tu
     not name its key. An UPDATE's `old` may be partial (REPLICA IDENTITY DEFAULT sends the key
     columns only when they changed): it names the old key only when it carries every key field.
     """
+    if isinstance(event, TextChange) and tuple(key_fields) == event.codec.key:
+        return _encode_text_change(event, seq)
     action = event.action
     old, new = event.old, event.new
     where = f"{action.value} at {event.position or '(a position-less entry)'}"
@@ -166,14 +185,105 @@ def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tu
     commit_time = None if event.commit_time is None else gojson.time_text(event.commit_time)
     unchanged = gojson.dumps(list(event.unchanged)) if event.unchanged and action is Action.UPDATE else None
     row = (seq, event.position, action.value, key, _row_text(old, key), _row_text(new, key), commit_time, unchanged,
-           *derived)
+           *derived, *_NO_TEXT)
     return row, touched
+
+
+def _image_key(event: TextChange, texts: TextValues, where: str) -> str:
+    """The `key` of one text image: `key_text` of its typed key columns, unless the text is exact."""
+    codec = event.codec
+    key_texts = codec.key_texts(texts)
+    fast = codec.fast_key(key_texts)
+    if fast is not None:
+        return fast
+    return key_text(codec.image(key_texts), codec.key, where)
+
+
+def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str]]:
+    """`encode_change` of a change kept as text: the same refusals and keys, images left as text.
+
+    The old key of an UPDATE is looked at only when the old image names one (every key column
+    present) and its key text differs from the new image's: the same text gives the same key.
+    """
+    action = event.action
+    where = f"{action.value} at {event.position or '(a position-less entry)'}"
+    codec, old, new = event.codec, event.old_text, event.new_text
+    touched: list[str] = []
+    key = None
+    if action is Action.DELETE:
+        if old is None:
+            raise MalformedChange(f"{where} has no before-image naming its key {list(codec.key)}")
+        if any(name in event.old_absent for name in codec.key):
+            raise MissingKeyField(next(n for n in codec.key if n in event.old_absent), codec.key).at(
+                f"{where}: the before-image")
+        key = _image_key(event, old, f"{where}: the before-image")
+    elif action is not Action.TRUNCATE:
+        if new is None:
+            raise MalformedChange(f"{where} has no new row")
+        if any(name in event.unchanged for name in codec.key):
+            raise MissingKeyField(next(n for n in codec.key if n in event.unchanged), codec.key).at(
+                f"{where}: the new row")
+        key = _image_key(event, new, f"{where}: the new row")
+    if key is not None:
+        touched.append(key)
+    if (action is Action.UPDATE and old is not None and new is not None
+            and not any(name in event.old_absent for name in codec.key)
+            and codec.key_texts(old) != codec.key_texts(new)):
+        old_key = _image_key(event, old, f"{where}: the before-image")
+        if old_key != key:
+            touched.append(old_key)
+    commit_time = None if event.commit_time is None else gojson.time_text(event.commit_time)
+    unchanged = gojson.dumps(list(event.unchanged)) if event.unchanged and action is Action.UPDATE else None
+    old_absent = gojson.dumps(list(event.old_absent)) if event.old_absent else None
+    row = (seq, event.position, action.value, key, None, None, commit_time, unchanged, None, None, None, None, None,
+           codec.text, old, new, old_absent)
+    return row, touched
+
+
+_TEXT_ROW_COLUMNS = ("seq", "position", "action", "codec", "old_text", "new_text", "old_absent", "unchanged")
+_IMAGE_COLUMNS = ("old", "new", "old_key", "change_key", "old_change_key", "old_partial", "old_carries_key")
+
+
+def with_images(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` (buffer rows, `SCHEMA`) with the images and derived columns of its text rows filled
+    in: for each, exactly what `encode_change` writes for the typed change, because it calls it.
+
+    This is where a PostgreSQL change's column text is typed and encoded (in the build's tasks,
+    not on the ingest path); rows that are already encoded pass through untouched.
+    """
+    codecs = batch.column("codec")
+    if codecs.null_count == batch.num_rows:
+        return batch
+    columns = {name: batch.column(name).to_pylist() for name in _TEXT_ROW_COLUMNS}
+    filled = {name: batch.column(name).to_pylist() for name in _IMAGE_COLUMNS}
+    for i, codec_text in enumerate(columns["codec"]):
+        if codec_text is None:
+            continue
+        absent = columns["old_absent"][i]
+        unchanged = columns["unchanged"][i]
+        text = TextChange(columns["position"][i], Action(columns["action"][i]), RowCodec.from_text(codec_text),
+                          old_text=_texts(columns["old_text"][i]), new_text=_texts(columns["new_text"][i]),
+                          old_absent=() if absent is None else tuple(json.loads(absent)),
+                          unchanged=() if unchanged is None else tuple(json.loads(unchanged)))
+        row, _ = encode_change(text.typed(), columns["seq"][i], text.codec.key)
+        encoded = dict(zip(SCHEMA.names, row, strict=True))
+        for name in _IMAGE_COLUMNS:
+            filled[name][i] = encoded[name]
+    for name, values in filled.items():
+        index = batch.schema.get_field_index(name)
+        batch = batch.set_column(index, batch.schema.field(index), pa.array(values, batch.schema.field(index).type))
+    return batch
+
+
+def _texts(values: list[str | None] | None) -> TextValues | None:
+    return None if values is None else tuple(values)
 
 
 def encode_snapshot_row(row: Row, seq: int, key_fields: Sequence[str], position: str, where: str) -> RowTuple:
     """A re-sync row; `position` is a placeholder until the re-sync's end position is known."""
     key = key_text(row, key_fields, where)
-    return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None, None, None, None, None, None, None)
+    return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None, None, None, None, None, None, None,
+            *_NO_TEXT)
 
 
 def record_batch(rows: Sequence[RowTuple]) -> pa.RecordBatch:

@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from resources.buffer import BufferReader, SegmentRef
+from resources.buffer.segments import with_images
 from resources.subscribers.events import (
     ChangeEvent,
     Column,
@@ -41,12 +42,14 @@ def lsn(n: int) -> str:
 
 
 def read_refs(refs: Iterable[SegmentRef]) -> list[dict[str, Any]]:
-    """The rows Spark would read: each segment filtered by its seq range, in seq order."""
+    """The rows Spark would read: each segment filtered by its seq range, in seq order, text rows
+    with their images (`with_images`, as the diff job reads them)."""
     rows: list[dict[str, Any]] = []
     for ref in refs:
         table = pq.read_table(ref.path, filters=[("seq", ">", ref.seq_from_exclusive),
                                                  ("seq", "<=", ref.seq_to_inclusive)])
-        rows.extend(table.to_pylist())
+        for batch in table.to_batches():
+            rows.extend(with_images(batch).to_pylist())
     return rows
 
 
