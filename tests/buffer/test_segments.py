@@ -50,7 +50,8 @@ def test_segments_are_parquet_with_the_documented_schema(tmp_path: Path) -> None
     assert changes == [
         {"seq": 3, "position": lsn(200), "action": "UPDATE", "key": "[1]", "old": '{"id":1,"v":"a"}',
          "new": '{"id":1,"v":"é"}', "commit_time": "2024-05-06T07:08:09.12Z", "unchanged": None,
-         "old_key": None, "change_key": "1", "old_change_key": None, "old_partial": False, "old_carries_key": True, **NO_TEXT},
+         "old_key": None, "change_key": "1", "old_change_key": None, "old_partial": False, "old_carries_key": True,
+         **NO_TEXT},
         {"seq": 4, "position": lsn(200), "action": "DELETE", "key": f"[{BIG}]",
          "old": f'{{"id":{BIG},"v":"\\u003cb\\u003e"}}', "new": None, "commit_time": None, "unchanged": None,
          "old_key": None, "change_key": "9.007199254740992e+15", "old_change_key": None, "old_partial": False,
