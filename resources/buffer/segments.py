@@ -51,6 +51,8 @@ is lost.
 
 from __future__ import annotations
 
+import datetime as _dt
+import functools
 import json
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -189,6 +191,12 @@ def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tu
     return row, touched
 
 
+@functools.lru_cache(maxsize=4)
+def _commit_time_text(commit_time: _dt.datetime) -> str:
+    """`gojson.time_text`, once per transaction (every change of one shares its commit time)."""
+    return gojson.time_text(commit_time)
+
+
 def _image_key(event: TextChange, texts: TextValues, where: str) -> str:
     """The `key` of one text image: `key_text` of its typed key columns, unless the text is exact."""
     codec = event.codec
@@ -206,18 +214,19 @@ def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str
     present) and its key text differs from the new image's: the same text gives the same key.
     """
     action = event.action
-    where = f"{action.value} at {event.position or '(a position-less entry)'}"
     codec, old, new = event.codec, event.old_text, event.new_text
     touched: list[str] = []
     key = None
-    if action is Action.DELETE:
+    if action is _DELETE:
+        where = f"{action} at {event.position or '(a position-less entry)'}"
         if old is None:
             raise MalformedChange(f"{where} has no before-image naming its key {list(codec.key)}")
         if any(name in event.old_absent for name in codec.key):
             raise MissingKeyField(next(n for n in codec.key if n in event.old_absent), codec.key).at(
                 f"{where}: the before-image")
         key = _image_key(event, old, f"{where}: the before-image")
-    elif action is not Action.TRUNCATE:
+    elif action is not _TRUNCATE:
+        where = f"{action} at {event.position or '(a position-less entry)'}"
         if new is None:
             raise MalformedChange(f"{where} has no new row")
         if any(name in event.unchanged for name in codec.key):
@@ -226,20 +235,22 @@ def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str
         key = _image_key(event, new, f"{where}: the new row")
     if key is not None:
         touched.append(key)
-    if (action is Action.UPDATE and old is not None and new is not None
+    if (action is _UPDATE and old is not None and new is not None
             and not any(name in event.old_absent for name in codec.key)
             and codec.key_texts(old) != codec.key_texts(new)):
-        old_key = _image_key(event, old, f"{where}: the before-image")
+        old_key = _image_key(event, old, f"{action} at {event.position}: the before-image")
         if old_key != key:
             touched.append(old_key)
-    commit_time = None if event.commit_time is None else gojson.time_text(event.commit_time)
-    unchanged = gojson.dumps(list(event.unchanged)) if event.unchanged and action is Action.UPDATE else None
+    commit_time = None if event.commit_time is None else _commit_time_text(event.commit_time)
+    unchanged = gojson.dumps(list(event.unchanged)) if event.unchanged and action is _UPDATE else None
     old_absent = gojson.dumps(list(event.old_absent)) if event.old_absent else None
-    row = (seq, event.position, action.value, key, None, None, commit_time, unchanged, None, None, None, None, None,
+    # `action` is a StrEnum, i.e. already the column's text.
+    row = (seq, event.position, action, key, None, None, commit_time, unchanged, None, None, None, None, None,
            codec.text, old, new, old_absent)
     return row, touched
 
 
+_DELETE, _UPDATE, _TRUNCATE = Action.DELETE, Action.UPDATE, Action.TRUNCATE
 _TEXT_ROW_COLUMNS = ("seq", "position", "action", "codec", "old_text", "new_text", "old_absent", "unchanged")
 _IMAGE_COLUMNS = ("old", "new", "old_key", "change_key", "old_change_key", "old_partial", "old_carries_key")
 

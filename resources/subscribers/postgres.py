@@ -74,7 +74,7 @@ import select
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import psycopg2
 import psycopg2.errors
@@ -729,6 +729,9 @@ class PostgresSubscriber:
         return SourceError(self.name, cause)
 
 
+_ROW_MESSAGES: Final = frozenset({pgoutput.Insert, pgoutput.Update, pgoutput.Delete})
+
+
 class _StreamDecoder:
     """Turns decoded pgoutput messages into events for one table, one message at a time."""
 
@@ -745,9 +748,10 @@ class _StreamDecoder:
 
     def handle(self, message: pgoutput.Message) -> Sequence[Event]:
         """The events one message yields (usually none or one), row changes checked first."""
-        if isinstance(message, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
-            if self._is_ours(message.relation_oid) and not self._transaction().skip:
-                return (self._change(message),)
+        if type(message) in _ROW_MESSAGES:
+            row = cast(pgoutput.Insert | pgoutput.Update | pgoutput.Delete, message)
+            if self._is_ours(row.relation_oid) and not self._transaction().skip:
+                return (self._change(row),)
             return ()
         if isinstance(message, pgoutput.Begin):
             self._begin(message)

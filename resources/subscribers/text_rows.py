@@ -79,7 +79,10 @@ class RowCodec:
         """The key columns' texts of an image (whole or key-only), in key order."""
         if self.is_key_only(values):
             return values
-        return tuple(values[i] for i in self._key_index)
+        index = self._key_index
+        if len(index) == 1:  # the usual key: no generator per change
+            return (values[index[0]],)
+        return tuple([values[i] for i in index])
 
     def fast_key(self, key_texts: TextValues) -> str | None:
         """The `key` column (`segments.key_text`) straight from the text when that is exact: integer
@@ -87,6 +90,8 @@ class RowCodec:
         explains a NULL key)."""
         if not self._int_key or None in key_texts:
             return None
+        if len(key_texts) == 1:
+            return f"[{key_texts[0]}]"
         return "[" + ",".join(key_texts) + "]"  # type: ignore[arg-type]  # None was excluded above
 
 
@@ -99,6 +104,7 @@ class TextChange(ChangeEvent):
     """
 
     __slots__ = ("codec", "new_text", "old_absent", "old_text")
+    sequence = 0  # hides the parent's slot: PostgreSQL has no sequence of its own
 
     codec: RowCodec
     old_text: TextValues | None
@@ -108,11 +114,16 @@ class TextChange(ChangeEvent):
     def __init__(self, position: str, action: Action, codec: RowCodec, *, old_text: TextValues | None = None,
                  new_text: TextValues | None = None, old_absent: tuple[str, ...] = (),
                  commit_time: _dt.datetime | None = None, unchanged: tuple[str, ...] = ()) -> None:
-        # The parent is a frozen dataclass: its fields are set the way its own __init__ sets them.
-        for name, value in (("position", position), ("action", action), ("commit_time", commit_time),
-                            ("sequence", 0), ("unchanged", unchanged), ("codec", codec), ("old_text", old_text),
-                            ("new_text", new_text), ("old_absent", old_absent)):
-            object.__setattr__(self, name, value)
+        # Frozen: the slots are set through their descriptors, as the dataclass's own __init__
+        # does through object.__setattr__ (one of these is built per change, so without the loop).
+        _SET_POSITION(self, position)
+        _SET_ACTION(self, action)
+        _SET_COMMIT_TIME(self, commit_time)
+        _SET_UNCHANGED(self, unchanged)
+        _SET_CODEC(self, codec)
+        _SET_OLD_TEXT(self, old_text)
+        _SET_NEW_TEXT(self, new_text)
+        _SET_OLD_ABSENT(self, old_absent)
 
     @property  # the parent's field, computed here
     def old(self) -> Row | None:
@@ -135,3 +146,9 @@ class TextChange(ChangeEvent):
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # rows are dicts, as for ChangeEvent
+
+
+_SET_POSITION, _SET_ACTION, _SET_COMMIT_TIME, _SET_UNCHANGED = (
+    ChangeEvent.__dict__[name].__set__ for name in ("position", "action", "commit_time", "unchanged"))
+_SET_CODEC, _SET_OLD_TEXT, _SET_NEW_TEXT, _SET_OLD_ABSENT = (
+    TextChange.__dict__[name].__set__ for name in ("codec", "old_text", "new_text", "old_absent"))
