@@ -16,6 +16,8 @@ import pytest
 from resources.buffer.segments import SCHEMA, encode_change, record_batch, with_images
 from resources.subscribers.events import ChangeEvent
 from resources.subscribers.text_rows import RowCodec, TextChange
+from snapshot_assets.archive.changes import Action
+from snapshot_assets.archive.errors import EncodeError
 from tests.pg import test_postgres_source as pgsrc
 from tests.pg.test_postgres_source import _TYPES_DDL, _TYPES_VALUES, Db, Stream
 
@@ -81,3 +83,13 @@ def test_a_codec_survives_its_text_and_refuses_an_unknown_converter() -> None:
     assert codec.image(("7",)) == {"id": 7}  # a key-only before-image
     with pytest.raises(ValueError, match="unknown PostgreSQL value converter 'money'"):
         RowCodec(("id",), ("money",), ("id",))
+
+
+def test_a_value_no_format_holds_is_kept_at_ingest_and_refused_by_the_build_by_column_and_key() -> None:
+    codec = RowCodec(("id", "j"), ("int", "json"), ("id",))
+    change = TextChange("0/10", Action.INSERT, codec, new_text=("7", '{"x": 1e400}'))
+    row, touched = encode_change(change, 1, ("id",))  # ingest keeps it: nothing is lost
+    assert touched == ["[7]"]
+    with pytest.raises(EncodeError) as refused:
+        with_images(record_batch([row]))
+    assert refused.value.column == "j" and refused.value.row_key == "[7]"
