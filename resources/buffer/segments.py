@@ -2,7 +2,7 @@
 
 A segment holds one transaction-aligned range `(from, to]` of one table's changes (kind `changes`)
 or one complete re-sync (kind `snapshot`, every row action `SNAPSHOT` at the re-sync's end
-position). Every row has the same thirteen columns (`SCHEMA`):
+position). Every row has the same seventeen columns (`SCHEMA`):
 
     seq          int64   strictly increasing over the table's whole buffer: the order Spark sorts by
     position     string  the change's own source position (never re-formatted)

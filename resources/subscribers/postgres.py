@@ -37,6 +37,8 @@ What it guarantees, and how:
   `unchanged_toast="require-full"` the source refuses such tables at start instead.
 - Type fidelity: see `pgtypes`; the copy reads every column as its output text (no psycopg2 type
   casting) and the stream's text goes through the same converter, so both agree for every type.
+  The stream's changes keep that text (`text_rows.TextChange`, typed when read): the buffer stores
+  it and the build converts it, which keeps conversion off the path that must keep up with the slot.
 
 - Schema changes (ALTER TABLE ADD/DROP COLUMN, a column type change). pgoutput announces a new
   shape with a Relation message before the first change that uses it; the rows the archive holds
