@@ -221,7 +221,7 @@ def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str
         where = f"{action} at {event.position or '(a position-less entry)'}"
         if old is None:
             raise MalformedChange(f"{where} has no before-image naming its key {list(codec.key)}")
-        if any(name in event.old_absent for name in codec.key):
+        if event.old_absent and any(name in event.old_absent for name in codec.key):
             raise MissingKeyField(next(n for n in codec.key if n in event.old_absent), codec.key).at(
                 f"{where}: the before-image")
         key = _image_key(event, old, f"{where}: the before-image")
@@ -229,14 +229,14 @@ def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str
         where = f"{action} at {event.position or '(a position-less entry)'}"
         if new is None:
             raise MalformedChange(f"{where} has no new row")
-        if any(name in event.unchanged for name in codec.key):
+        if event.unchanged and any(name in event.unchanged for name in codec.key):
             raise MissingKeyField(next(n for n in codec.key if n in event.unchanged), codec.key).at(
                 f"{where}: the new row")
         key = _image_key(event, new, f"{where}: the new row")
     if key is not None:
         touched.append(key)
     if (action is _UPDATE and old is not None and new is not None
-            and not any(name in event.old_absent for name in codec.key)
+            and not (event.old_absent and any(name in event.old_absent for name in codec.key))
             and codec.key_texts(old) != codec.key_texts(new)):
         old_key = _image_key(event, old, f"{action} at {event.position}: the before-image")
         if old_key != key:
