@@ -262,6 +262,8 @@ def with_images(batch: pa.RecordBatch) -> pa.RecordBatch:
     This is where a PostgreSQL change's column text is typed and encoded (in the build's tasks,
     not on the ingest path); rows that are already encoded pass through untouched.
     """
+    if "codec" not in batch.schema.names:  # a segment written before text rows existed
+        return batch
     codecs = batch.column("codec")
     if codecs.null_count == batch.num_rows:
         return batch
