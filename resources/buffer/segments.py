@@ -197,14 +197,27 @@ def _commit_time_text(commit_time: _dt.datetime) -> str:
     return gojson.time_text(commit_time)
 
 
-def _image_key(event: TextChange, texts: TextValues, where: str) -> str:
+def _where(event: ChangeEvent, image: str = "") -> str:
+    """Where a change is, for an error message (built only when one is raised)."""
+    return f"{event.action} at {event.position or '(a position-less entry)'}{image}"
+
+
+def _image_key(event: TextChange, texts: TextValues, image: str) -> str:
     """The `key` of one text image: `key_text` of its typed key columns, unless the text is exact."""
     codec = event.codec
     key_texts = codec.key_texts(texts)
     fast = codec.fast_key(key_texts)
     if fast is not None:
         return fast
-    return key_text(codec.image(key_texts), codec.key, where)
+    return key_text(codec.image(key_texts), codec.key, _where(event, image))
+
+
+def _lacks_key(event: TextChange, absent: tuple[str, ...], image: str) -> None:
+    """Refuse an image that lacks a key column (`key_text`'s MissingKeyField)."""
+    if absent:
+        missing = [name for name in event.codec.key if name in absent]
+        if missing:
+            raise MissingKeyField(missing[0], event.codec.key).at(_where(event, image))
 
 
 def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str]]:
@@ -218,27 +231,21 @@ def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str
     touched: list[str] = []
     key = None
     if action is _DELETE:
-        where = f"{action} at {event.position or '(a position-less entry)'}"
         if old is None:
-            raise MalformedChange(f"{where} has no before-image naming its key {list(codec.key)}")
-        if event.old_absent and any(name in event.old_absent for name in codec.key):
-            raise MissingKeyField(next(n for n in codec.key if n in event.old_absent), codec.key).at(
-                f"{where}: the before-image")
-        key = _image_key(event, old, f"{where}: the before-image")
+            raise MalformedChange(f"{_where(event)} has no before-image naming its key {list(codec.key)}")
+        _lacks_key(event, event.old_absent, _BEFORE)
+        key = _image_key(event, old, _BEFORE)
     elif action is not _TRUNCATE:
-        where = f"{action} at {event.position or '(a position-less entry)'}"
         if new is None:
-            raise MalformedChange(f"{where} has no new row")
-        if event.unchanged and any(name in event.unchanged for name in codec.key):
-            raise MissingKeyField(next(n for n in codec.key if n in event.unchanged), codec.key).at(
-                f"{where}: the new row")
-        key = _image_key(event, new, f"{where}: the new row")
+            raise MalformedChange(f"{_where(event)} has no new row")
+        _lacks_key(event, event.unchanged, _NEW)
+        key = _image_key(event, new, _NEW)
     if key is not None:
         touched.append(key)
     if (action is _UPDATE and old is not None and new is not None
             and not (event.old_absent and any(name in event.old_absent for name in codec.key))
             and codec.key_texts(old) != codec.key_texts(new)):
-        old_key = _image_key(event, old, f"{action} at {event.position}: the before-image")
+        old_key = _image_key(event, old, _BEFORE)
         if old_key != key:
             touched.append(old_key)
     commit_time = None if event.commit_time is None else _commit_time_text(event.commit_time)
@@ -250,6 +257,7 @@ def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str
     return row, touched
 
 
+_BEFORE, _NEW = ": the before-image", ": the new row"
 _DELETE, _UPDATE, _TRUNCATE = Action.DELETE, Action.UPDATE, Action.TRUNCATE
 _TEXT_ROW_COLUMNS = ("seq", "position", "action", "codec", "old_text", "new_text", "old_absent", "unchanged")
 _IMAGE_COLUMNS = ("old", "new", "old_key", "change_key", "old_change_key", "old_partial", "old_carries_key")

@@ -17,7 +17,7 @@ from resources.buffer.segments import SCHEMA, encode_change, record_batch, with_
 from resources.subscribers.events import ChangeEvent
 from resources.subscribers.text_rows import RowCodec, TextChange
 from snapshot_assets.archive.changes import Action
-from snapshot_assets.archive.errors import EncodeError
+from snapshot_assets.archive.errors import ArchiveError, EncodeError
 from tests.pg import test_postgres_source as pgsrc
 from tests.pg.test_postgres_source import _TYPES_DDL, _TYPES_VALUES, Db, Stream
 
@@ -93,3 +93,16 @@ def test_a_value_no_format_holds_is_kept_at_ingest_and_refused_by_the_build_by_c
     with pytest.raises(EncodeError) as refused:
         with_images(record_batch([row]))
     assert refused.value.column == "j" and refused.value.row_key == "[7]"
+
+
+def test_a_text_change_without_a_usable_key_is_refused_like_a_typed_one() -> None:
+    codec = RowCodec(("id", "v"), ("int", "text"), ("id",))
+    refused = [TextChange("0/20", Action.INSERT, codec, new_text=(None, "a")),
+               TextChange("0/20", Action.UPDATE, codec, new_text=("1", "a"), unchanged=("id",)),
+               TextChange("0/20", Action.DELETE, codec)]
+    for change in refused:
+        with pytest.raises(ArchiveError) as text_error:
+            encode_change(change, 1, ("id",))
+        with pytest.raises(ArchiveError) as typed_error:
+            encode_change(change.typed(), 1, ("id",))
+        assert (type(text_error.value), str(text_error.value)) == (type(typed_error.value), str(typed_error.value))
