@@ -55,7 +55,7 @@ class RowCodec:
     @staticmethod
     @functools.lru_cache(maxsize=64)
     def from_text(text: str) -> RowCodec:
-        """The codec `text` describes (a segment's `codec` column: every row of a batch shares it)."""
+        """The codec `text` describes (a segment's `codec` column; rows of one table shape share it)."""
         names, specs, key = json.loads(text)
         return RowCodec(tuple(names), tuple(specs), tuple(key))
 
