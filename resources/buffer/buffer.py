@@ -81,6 +81,8 @@ class ChangeBuffer(BufferView):
             self._storage.unlock_writer()
             raise
         self._schema: TableSchema | None = self._index.schema
+        self._keyed_schema: TableSchema | None = None
+        self._schema_keys: tuple[str, ...] = ()
         self._batch = OpenBatch(self._storage, self._index.next_seq, row_group_rows)
         self._resync: OpenResync | None = None
         self._last_tx = self._index.durable_position  # the last TxEnd accepted (sealed or open)
@@ -142,9 +144,12 @@ class ChangeBuffer(BufferView):
                                         "an earlier change of the same transaction; nothing was written")
 
     def _key_fields(self, what: str) -> tuple[str, ...]:
-        if self._schema is None:
+        schema = self._schema
+        if schema is None:
             raise BadEventOrder(f"{self._where()}: {what} before any SchemaEvent")
-        return self._schema.key_fields
+        if schema is not self._keyed_schema:  # asked once per change: derive the key once per schema
+            self._keyed_schema, self._schema_keys = schema, schema.key_fields
+        return self._schema_keys
 
     def _require_stream(self, what: str) -> tuple[str, ...]:
         if self._resync is not None:

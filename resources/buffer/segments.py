@@ -2,7 +2,7 @@
 
 A segment holds one transaction-aligned range `(from, to]` of one table's changes (kind `changes`)
 or one complete re-sync (kind `snapshot`, every row action `SNAPSHOT` at the re-sync's end
-position). Every row has the same thirteen columns (`SCHEMA`):
+position). Every row has the same seventeen columns (`SCHEMA`):
 
     seq          int64   strictly increasing over the table's whole buffer: the order Spark sorts by
     position     string  the change's own source position (never re-formatted)
@@ -24,6 +24,11 @@ position). Every row has the same thirteen columns (`SCHEMA`):
     old_partial  bool    `old` is absent or holds only key columns (`algebra.partial_image`), null
                          for a TRUNCATE
     old_carries_key bool `old` holds every key field (`algebra.carries_key`), null for a TRUNCATE
+    codec        string  a change kept as the stream's column text (`text_rows.RowCodec.text`: column
+                         names, converter specs, key), else null; then `old`, `new` and the five
+                         derived columns are null in the file and `with_images` computes them
+    old_text, new_text  list<string>  that change's images as column text (`text_rows.TextValues`)
+    old_absent   string  JSON array of the columns `old_text` lacks (unchanged TOASTed values), else null
 
 Why the last five are stored: they are facts of one change that only a decoder of its images can
 compute (exact integers, Go's `%v`, which columns an image holds), and ingest already holds the
@@ -31,6 +36,12 @@ decoded change. Stored, they let
 the diff job run the change algebra as Spark SQL over `(key, seq)` without decoding an image
 (`spark/effects.py`). Segments written before they existed read them as null; the diff job
 derives them for such rows with `derived_columns`, the function ingest uses.
+
+Why text: encoding two images of every change into Go's JSON took two thirds of the ingest's CPU.
+A PostgreSQL change (`text_rows.TextChange`) is therefore stored as its column text, with only the
+`key` computed at ingest (the buffer's own bookkeeping needs it, and it refuses a change without
+one); every reader of change segments (the diff job's `read_window`, through `with_images`) turns
+those rows into exactly the row `encode_change` writes for the typed change, by calling it.
 
 Why the file describes itself: its Parquet key-value metadata carries its own index entry
 (`SegmentMeta`), the table name and the table schema, so the index can always be rebuilt from the
@@ -40,6 +51,8 @@ is lost.
 
 from __future__ import annotations
 
+import datetime as _dt
+import functools
 import json
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -51,6 +64,7 @@ import pyarrow.parquet as pq
 
 from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import ChangeEvent, Column, TableSchema
+from resources.subscribers.text_rows import RowCodec, TextChange, TextValues
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import MalformedChange, carries_key, partial_image
 from snapshot_assets.archive.changes import Action, Row
@@ -81,14 +95,19 @@ SCHEMA = pa.schema([
     pa.field("old_change_key", pa.string()),
     pa.field("old_partial", pa.bool_()),
     pa.field("old_carries_key", pa.bool_()),
+    pa.field("codec", pa.string()),
+    pa.field("old_text", pa.list_(pa.string())),
+    pa.field("new_text", pa.list_(pa.string())),
+    pa.field("old_absent", pa.string()),
 ])
 _POSITION_COLUMN = SCHEMA.get_field_index("position")
 
 RowTuple = tuple[int, str, str, str | None, str | None, str | None, str | None, str | None, str | None, str | None,
-                 str | None, bool | None, bool | None]
+                 str | None, bool | None, bool | None, str | None, TextValues | None, TextValues | None, str | None]
 DerivedColumns = tuple[str | None, str | None, str | None, bool | None, bool | None]
 """old_key, change_key, old_change_key, old_partial, old_carries_key (`derived_columns`)."""
-"""One buffer row in `SCHEMA` column order."""
+_NO_TEXT = (None, None, None, None)
+"""codec, old_text, new_text, old_absent of a change whose images are encoded."""
 
 
 # --- row encoding ------------------------------------------------------------------------------
@@ -148,6 +167,8 @@ def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tu
     not name its key. An UPDATE's `old` may be partial (REPLICA IDENTITY DEFAULT sends the key
     columns only when they changed): it names the old key only when it carries every key field.
     """
+    if isinstance(event, TextChange) and tuple(key_fields) == event.codec.key:
+        return _encode_text_change(event, seq)
     action = event.action
     old, new = event.old, event.new
     where = f"{action.value} at {event.position or '(a position-less entry)'}"
@@ -166,14 +187,124 @@ def encode_change(event: ChangeEvent, seq: int, key_fields: Sequence[str]) -> tu
     commit_time = None if event.commit_time is None else gojson.time_text(event.commit_time)
     unchanged = gojson.dumps(list(event.unchanged)) if event.unchanged and action is Action.UPDATE else None
     row = (seq, event.position, action.value, key, _row_text(old, key), _row_text(new, key), commit_time, unchanged,
-           *derived)
+           *derived, *_NO_TEXT)
     return row, touched
+
+
+@functools.lru_cache(maxsize=4)
+def _commit_time_text(commit_time: _dt.datetime) -> str:
+    """`gojson.time_text`, once per transaction (every change of one shares its commit time)."""
+    return gojson.time_text(commit_time)
+
+
+def _where(event: ChangeEvent, image: str = "") -> str:
+    """Where a change is, for an error message (built only when one is raised)."""
+    return f"{event.action} at {event.position or '(a position-less entry)'}{image}"
+
+
+def _image_key(event: TextChange, texts: TextValues, image: str) -> str:
+    """The `key` of one text image: `key_text` of its typed key columns, unless the text is exact."""
+    codec = event.codec
+    key_texts = codec.key_texts(texts)
+    fast = codec.fast_key(key_texts)
+    if fast is not None:
+        return fast
+    return key_text(codec.image(key_texts), codec.key, _where(event, image))
+
+
+def _lacks_key(event: TextChange, absent: tuple[str, ...], image: str) -> None:
+    """Refuse an image that lacks a key column (`key_text`'s MissingKeyField)."""
+    if absent:
+        missing = [name for name in event.codec.key if name in absent]
+        if missing:
+            raise MissingKeyField(missing[0], event.codec.key).at(_where(event, image))
+
+
+def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str]]:
+    """`encode_change` of a change kept as text: the same refusals and keys, images left as text.
+
+    The old key of an UPDATE is looked at only when the old image names one (every key column
+    present) and its key text differs from the new image's: the same text gives the same key.
+    """
+    action = event.action
+    codec, old, new = event.codec, event.old_text, event.new_text
+    touched: list[str] = []
+    key = None
+    if action is _DELETE:
+        if old is None:
+            raise MalformedChange(f"{_where(event)} has no before-image naming its key {list(codec.key)}")
+        _lacks_key(event, event.old_absent, _BEFORE)
+        key = _image_key(event, old, _BEFORE)
+    elif action is not _TRUNCATE:
+        if new is None:
+            raise MalformedChange(f"{_where(event)} has no new row")
+        _lacks_key(event, event.unchanged, _NEW)
+        key = _image_key(event, new, _NEW)
+    if key is not None:
+        touched.append(key)
+    if (action is _UPDATE and old is not None and new is not None
+            and not (event.old_absent and any(name in event.old_absent for name in codec.key))
+            and codec.key_texts(old) != codec.key_texts(new)):
+        old_key = _image_key(event, old, _BEFORE)
+        if old_key != key:
+            touched.append(old_key)
+    commit_time = None if event.commit_time is None else _commit_time_text(event.commit_time)
+    unchanged = gojson.dumps(list(event.unchanged)) if event.unchanged and action is _UPDATE else None
+    old_absent = gojson.dumps(list(event.old_absent)) if event.old_absent else None
+    # `action` is a StrEnum, i.e. already the column's text.
+    row = (seq, event.position, action, key, None, None, commit_time, unchanged, None, None, None, None, None,
+           codec.text, old, new, old_absent)
+    return row, touched
+
+
+_BEFORE, _NEW = ": the before-image", ": the new row"
+_DELETE, _UPDATE, _TRUNCATE = Action.DELETE, Action.UPDATE, Action.TRUNCATE
+_TEXT_ROW_COLUMNS = ("seq", "position", "action", "codec", "old_text", "new_text", "old_absent", "unchanged")
+_IMAGE_COLUMNS = ("old", "new", "old_key", "change_key", "old_change_key", "old_partial", "old_carries_key")
+
+
+def with_images(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` (buffer rows, `SCHEMA`) with the images and derived columns of its text rows filled
+    in: for each, exactly what `encode_change` writes for the typed change, because it calls it.
+
+    This is where a PostgreSQL change's column text is typed and encoded (in the build's tasks,
+    not on the ingest path); rows that are already encoded pass through untouched.
+    """
+    if "codec" not in batch.schema.names:  # a segment written before text rows existed
+        return batch
+    codecs = batch.column("codec")
+    if codecs.null_count == batch.num_rows:
+        return batch
+    columns = {name: batch.column(name).to_pylist() for name in _TEXT_ROW_COLUMNS}
+    filled = {name: batch.column(name).to_pylist() for name in _IMAGE_COLUMNS}
+    for i, codec_text in enumerate(columns["codec"]):
+        if codec_text is None:
+            continue
+        absent = columns["old_absent"][i]
+        unchanged = columns["unchanged"][i]
+        text = TextChange(columns["position"][i], Action(columns["action"][i]), RowCodec.from_text(codec_text),
+                          old_text=_texts(columns["old_text"][i]), new_text=_texts(columns["new_text"][i]),
+                          old_absent=() if absent is None else tuple(json.loads(absent)),
+                          unchanged=() if unchanged is None else tuple(json.loads(unchanged)))
+        row, _ = encode_change(text.typed(), columns["seq"][i], text.codec.key)
+        encoded = dict(zip(SCHEMA.names, row, strict=True))
+        for name in _IMAGE_COLUMNS:
+            filled[name][i] = encoded[name]
+    for name, values in filled.items():
+        index = batch.schema.get_field_index(name)
+        batch = batch.set_column(index, batch.schema.field(index), pa.array(values, batch.schema.field(index).type))
+    return batch
+
+
+def _texts(values: list[str | None] | None) -> TextValues | None:
+    return None if values is None else tuple(values)
 
 
 def encode_snapshot_row(row: Row, seq: int, key_fields: Sequence[str], position: str, where: str) -> RowTuple:
     """A re-sync row; `position` is a placeholder until the re-sync's end position is known."""
     key = key_text(row, key_fields, where)
-    return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None, None, None, None, None, None, None)
+    return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None, None, None, None, None, None, None,
+            *_NO_TEXT)
 
 
 def record_batch(rows: Sequence[RowTuple]) -> pa.RecordBatch:

@@ -231,25 +231,18 @@ class _Reader:
     def left(self) -> int:
         return len(self._buf) - self._pos
 
-    def buffer_at(self) -> tuple[bytes, int]:
-        """The buffer and the read position, for a caller that parses a hot section itself."""
-        return self._buf, self._pos
-
-    def advance_to(self, pos: int) -> None:
-        self._pos = pos
-
     def done(self) -> None:
         if self._pos != len(self._buf):
             raise PgOutputError(f"{len(self._buf) - self._pos} unexpected trailing bytes")
 
 
-def _tuple_data(r: _Reader) -> TupleData:
-    """TupleData: Int16 count, then per column 'n' (null), 'u' (unchanged TOAST) or 't' + Int32 length + text.
+def _tuple_at(buf: bytes, pos: int) -> tuple[TupleData, int]:
+    """TupleData at `pos`: Int16 count, then per column 'n' (null), 'u' (unchanged TOAST) or 't' +
+    Int32 length + text. Returns the values and the position after them.
 
     The hot loop of the decoder (one pass per column of every change), so it reads the buffer
-    directly instead of through the reader's per-field methods.
+    directly, without a reader object or a call per field.
     """
-    buf, pos = r.buffer_at()
     size = len(buf)
     values: list[Value] = []
     append = values.append
@@ -282,19 +275,7 @@ def _tuple_data(r: _Reader) -> TupleData:
                 raise PgOutputError(f"unknown tuple data kind {chr(kind)!r}")
     except (struct.error, IndexError):
         raise PgOutputError("message truncated inside tuple data") from None
-    r.advance_to(pos)
-    return tuple(values)
-
-
-def _expect(r: _Reader, allowed: str, what: str) -> str:
-    kind = r.char()
-    if kind not in allowed:
-        raise PgOutputError(f"{what}: expected one of {allowed!r}, got {kind!r}")
-    return kind
-
-
-def _old_kind(kind: str) -> OldKind:
-    return "K" if kind == "K" else "O"
+    return tuple(values), pos
 
 
 def _begin(r: _Reader) -> Begin:
@@ -325,27 +306,48 @@ def _type(r: _Reader) -> TypeMessage:
     return TypeMessage(oid=r.oid(), namespace=r.cstring(), name=r.cstring())
 
 
-def _insert(r: _Reader) -> Insert:
-    oid = r.oid()
-    _expect(r, "N", "insert")
-    return Insert(relation_oid=oid, new=_tuple_data(r))
+_TUPLE_NEW, _TUPLE_KEY = b"N"[0], b"K"[0]
 
 
-def _update(r: _Reader) -> Update:
-    oid = r.oid()
-    kind = _expect(r, "KON", "update")
-    old_kind: OldKind | None = None
-    old: TupleData | None = None
-    if kind != "N":
-        old_kind, old = _old_kind(kind), _tuple_data(r)
-        _expect(r, "N", "update new tuple")
-    return Update(relation_oid=oid, old_kind=old_kind, old=old, new=_tuple_data(r))
+def _submessage(payload: bytes, pos: int, allowed: bytes, what: str) -> int:
+    """The byte that says which tuple follows (checked against `allowed`)."""
+    if pos >= len(payload):
+        raise PgOutputError(f"message truncated: needs {pos + 1} bytes, has {len(payload)}")
+    kind = payload[pos]
+    if kind not in allowed:
+        raise PgOutputError(f"{what}: expected one of {allowed.decode()!r}, got {chr(kind)!r}")
+    return kind
 
 
-def _delete(r: _Reader) -> Delete:
-    oid = r.oid()
-    kind = _expect(r, "KO", "delete")
-    return Delete(relation_oid=oid, old_kind=_old_kind(kind), old=_tuple_data(r))
+def _row_change(payload: bytes) -> Insert | Update | Delete:
+    """Insert ('I'), Update ('U') or Delete ('D'): one per changed row, so decoded straight from
+    the payload (no reader object, no call per field)."""
+    if len(payload) < 5:
+        raise PgOutputError(f"message truncated: needs 5 bytes, has {len(payload)}")
+    (oid,) = _UINT32.unpack_from(payload, 1)
+    tag = payload[0]
+    message: Insert | Update | Delete
+    if tag == _INSERT:
+        _submessage(payload, 5, b"N", "insert")
+        new, end = _tuple_at(payload, 6)
+        message = Insert(oid, new)
+    elif tag == _DELETE:
+        kind = _submessage(payload, 5, b"KO", "delete")
+        old, end = _tuple_at(payload, 6)
+        message = Delete(oid, "K" if kind == _TUPLE_KEY else "O", old)
+    else:
+        kind = _submessage(payload, 5, b"KON", "update")
+        if kind == _TUPLE_NEW:
+            new, end = _tuple_at(payload, 6)
+            message = Update(oid, None, None, new)
+        else:
+            old, end = _tuple_at(payload, 6)
+            _submessage(payload, end, b"N", "update new tuple")
+            new, end = _tuple_at(payload, end + 1)
+            message = Update(oid, "K" if kind == _TUPLE_KEY else "O", old, new)
+    if end != len(payload):
+        raise PgOutputError(f"{len(payload) - end} unexpected trailing bytes")
+    return message
 
 
 def _truncate(r: _Reader) -> Truncate:
@@ -365,9 +367,9 @@ def _logical_message(r: _Reader) -> LogicalMessage:
 
 
 _DECODERS: dict[str, Callable[[_Reader], Message]] = {
-    "B": _begin, "C": _commit, "O": _origin, "R": _relation, "Y": _type, "I": _insert,
-    "U": _update, "D": _delete, "T": _truncate, "M": _logical_message,
+    "B": _begin, "C": _commit, "O": _origin, "R": _relation, "Y": _type, "T": _truncate, "M": _logical_message,
 }
+_INSERT, _UPDATE, _DELETE = b"I"[0], b"U"[0], b"D"[0]
 
 # Messages of protocol versions 2+ (streaming of in-progress transactions, two-phase commit): we
 # only ever request version 1, so receiving one means a server/option mismatch, not data to skip.
@@ -380,6 +382,8 @@ def decode(payload: bytes) -> Message:
     """Decode one pgoutput message (the payload of one XLogData frame)."""
     if not payload:
         raise PgOutputError("empty message")
+    if payload[0] in (_INSERT, _UPDATE, _DELETE):
+        return _row_change(payload)
     tag = chr(payload[0])
     decoder = _DECODERS.get(tag)
     if decoder is None:

@@ -24,6 +24,7 @@ Mapping (what a reader of the archive gets):
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -205,10 +206,18 @@ def array_of(element: Converter) -> Converter:
     return convert
 
 
-_SCALARS: Final[dict[int, Converter]] = {
-    16: to_bool, 17: to_base64, 20: to_int, 21: to_int, 23: to_int, 26: to_int,
-    114: to_json, 3802: to_json, 700: to_float, 701: to_float,
-    1114: to_timestamp, 1184: to_timestamptz,
+# A converter has a name (its *spec*), so a row's conversion can be written down and done later,
+# elsewhere: the stream keeps column text and the build converts it (`text_rows`). An array's spec
+# is `array:` + its element's spec.
+_BY_SPEC: Final[dict[str, Converter]] = {
+    "text": to_text, "int": to_int, "bool": to_bool, "float": to_float, "base64": to_base64, "json": to_json,
+    "timestamp": to_timestamp, "timestamptz": to_timestamptz,
+}
+_ARRAY_SPEC: Final = "array:"
+_SCALARS: Final[dict[int, str]] = {
+    16: "bool", 17: "base64", 20: "int", 21: "int", 23: "int", 26: "int",
+    114: "json", 3802: "json", 700: "float", 701: "float",
+    1114: "timestamp", 1184: "timestamptz",
 }
 # Built-in types that print as plain text; known here so common tables need no catalog lookup.
 _BUILTIN_TEXT: Final = frozenset({
@@ -222,6 +231,17 @@ _BUILTIN_ARRAYS: Final[dict[int, int]] = {
 }
 
 
+@functools.cache
+def converter_of(spec: str) -> Converter:
+    """The converter a spec names (`Converters.spec`); a ValueError for a spec no version wrote."""
+    if spec.startswith(_ARRAY_SPEC):
+        return array_of(converter_of(spec[len(_ARRAY_SPEC):]))
+    converter = _BY_SPEC.get(spec)
+    if converter is None:
+        raise ValueError(f"unknown PostgreSQL value converter {spec!r}")
+    return converter
+
+
 class Converters:
     """Converter per type OID, resolving non-built-in types (domains, arrays of them) once each.
 
@@ -231,29 +251,33 @@ class Converters:
 
     def __init__(self, lookup: TypeLookup) -> None:
         self._lookup = lookup
-        self._cache: dict[int, Converter] = dict(_SCALARS)
+        self._cache: dict[int, str] = dict(_SCALARS)
 
     def __call__(self, oid: int) -> Converter:
-        converter = self._cache.get(oid)
-        if converter is None:
-            converter = self._resolve(oid)
-            self._cache[oid] = converter
-        return converter
+        return converter_of(self.spec(oid))
 
-    def _resolve(self, oid: int) -> Converter:
+    def spec(self, oid: int) -> str:
+        """The name of the converter of `oid` (`converter_of` turns it back into the function)."""
+        spec = self._cache.get(oid)
+        if spec is None:
+            spec = self._resolve(oid)
+            self._cache[oid] = spec
+        return spec
+
+    def _resolve(self, oid: int) -> str:
         if oid in _BUILTIN_TEXT:
-            return to_text
+            return "text"
         element = _BUILTIN_ARRAYS.get(oid)
         if element is not None:
-            return array_of(self(element))
+            return _ARRAY_SPEC + self.spec(element)
         described = self._lookup(oid)
         if described is None:
-            return to_text
+            return "text"
         if described.kind == "d" and described.base_oid:
-            return self(described.base_oid)
+            return self.spec(described.base_oid)
         if described.element_oid:
-            return array_of(self(described.element_oid))
-        return to_text
+            return _ARRAY_SPEC + self.spec(described.element_oid)
+        return "text"
 
 
 def convert(text: str | None, converter: Converter) -> Any:

@@ -37,6 +37,8 @@ What it guarantees, and how:
   `unchanged_toast="require-full"` the source refuses such tables at start instead.
 - Type fidelity: see `pgtypes`; the copy reads every column as its output text (no psycopg2 type
   casting) and the stream's text goes through the same converter, so both agree for every type.
+  The stream's changes keep that text (`text_rows.TextChange`, typed when read): the buffer stores
+  it and the build converts it, which keeps conversion off the path that must keep up with the slot.
 
 - Schema changes (ALTER TABLE ADD/DROP COLUMN, a column type change). pgoutput announces a new
   shape with a Relation message before the first change that uses it; the rows the archive holds
@@ -67,7 +69,6 @@ refused; generated columns are not published by pgoutput and are not copied eith
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as _dt
 import os
 import re
@@ -75,7 +76,7 @@ import select
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import psycopg2
 import psycopg2.errors
@@ -107,6 +108,7 @@ from resources.subscribers.events import (
     TableSchema,
     TxEnd,
 )
+from resources.subscribers.text_rows import RowCodec, TextChange, TextValues
 from snapshot_assets.archive.changes import Action, Row
 from snapshot_assets.archive.positions import format_lsn, parse_lsn
 from snapshot_assets.config import UNCHANGED_TOAST_POLICIES
@@ -136,7 +138,8 @@ def fill_unchanged(event: ChangeEvent, previous: Row | None) -> ChangeEvent:
                          "no previous image of the row holds them")
     new = dict(event.new)
     new.update({name: previous[name] for name in unchanged})
-    return dataclasses.replace(event, new=new, unchanged=())
+    return ChangeEvent(position=event.position, action=event.action, old=event.old, new=new,
+                       commit_time=event.commit_time, sequence=event.sequence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +188,7 @@ class _SlotInfo:
 class _Shape:
     """How to turn one relation's tuples into rows: column names, converters, key columns."""
 
-    __slots__ = ("converters", "key", "names", "signature")
+    __slots__ = ("codec", "converters", "key", "names", "signature")
 
     def __init__(self, columns: Sequence[tuple[str, int, int]], key: Sequence[str],
                  converters: pgtypes.Converters) -> None:
@@ -193,30 +196,23 @@ class _Shape:
         self.names = tuple(name for name, _, _ in columns)
         self.converters = tuple(converters(oid) for _, oid, _ in columns)
         self.key = tuple(key)
+        self.codec = RowCodec(self.names, tuple(converters.spec(oid) for _, oid, _ in columns), self.key)
 
     def row(self, values: Sequence[str | None]) -> Row:
         """A row from plain text values (the copy), converted exactly like the stream's."""
         return {name: None if value is None else convert(value)
                 for name, convert, value in zip(self.names, self.converters, values, strict=True)}
 
-    def tuple_row(self, values: pgoutput.TupleData) -> tuple[Row, tuple[str, ...]]:
-        """A row from stream tuple data, without the unchanged-TOAST columns, and their names."""
+    def texts(self, values: pgoutput.TupleData) -> tuple[TextValues, tuple[str, ...]]:
+        """Stream tuple data as column texts (None for an unchanged-TOAST column too), and the names
+        of the unchanged-TOAST columns."""
         if len(values) != len(self.names):
             raise pgoutput.PgOutputError(f"tuple has {len(values)} columns, relation has {len(self.names)}")
-        row: Row = {}
-        unchanged: list[str] = []
         marker = pgoutput.UNCHANGED
-        for name, convert, value in zip(self.names, self.converters, values, strict=True):
-            if value is None:
-                row[name] = None
-            elif value is marker:
-                unchanged.append(name)
-            else:
-                row[name] = convert(value)
-        return row, tuple(unchanged)
-
-    def key_of(self, row: Row) -> Row:
-        return {name: row.get(name) for name in self.key}
+        if marker not in values:
+            return values, ()  # type: ignore[return-value]  # no marker: only text and None
+        names = tuple(name for name, value in zip(self.names, values, strict=True) if value is marker)
+        return tuple(None if value is marker else value for value in values), names
 
 
 @dataclass(slots=True)
@@ -735,6 +731,9 @@ class PostgresSubscriber:
         return SourceError(self.name, cause)
 
 
+_ROW_MESSAGES: Final = frozenset({pgoutput.Insert, pgoutput.Update, pgoutput.Delete})
+
+
 class _StreamDecoder:
     """Turns decoded pgoutput messages into events for one table, one message at a time."""
 
@@ -751,9 +750,10 @@ class _StreamDecoder:
 
     def handle(self, message: pgoutput.Message) -> Sequence[Event]:
         """The events one message yields (usually none or one), row changes checked first."""
-        if isinstance(message, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
-            if self._is_ours(message.relation_oid) and not self._transaction().skip:
-                return (self._change(message),)
+        if type(message) in _ROW_MESSAGES:
+            row = cast(pgoutput.Insert | pgoutput.Update | pgoutput.Delete, message)
+            if self._is_ours(row.relation_oid) and not self._transaction().skip:
+                return (self._change(row),)
             return ()
         if isinstance(message, pgoutput.Begin):
             self._begin(message)
@@ -813,41 +813,48 @@ class _StreamDecoder:
             raise _ShapeChanged(schema.table)
         self._unchecked = None
 
-    def _event(self, action: Action, old: Row | None = None, new: Row | None = None,
-               unchanged: tuple[str, ...] = ()) -> ChangeEvent:
+    def _event(self, action: Action, *, old_text: TextValues | None = None, new_text: TextValues | None = None,
+               old_absent: tuple[str, ...] = (), unchanged: tuple[str, ...] = ()) -> ChangeEvent:
         tx = self._transaction()
         if self._unchecked is not None:
             self._check_shape(self._unchecked)
         tx.changes += 1
-        return ChangeEvent(position=tx.position, action=action, old=old, new=new, commit_time=tx.commit_time,
-                           unchanged=unchanged)
-
-    def _old_row(self, kind: pgoutput.OldKind | None, values: pgoutput.TupleData | None) -> Row | None:
-        """The old image: the key only ('K'), the whole row ('O'), or None when not sent."""
-        if values is None:
-            return None
-        row, _ = self._shape.tuple_row(values)
-        return self._shape.key_of(row) if kind == "K" else row
+        return TextChange(tx.position, action, self._shape.codec, old_text=old_text, new_text=new_text,
+                          old_absent=old_absent, commit_time=tx.commit_time, unchanged=unchanged)
 
     def _change(self, message: pgoutput.Insert | pgoutput.Update | pgoutput.Delete) -> ChangeEvent:
+        """The change as column text (`TextChange`): typing and encoding happen in the build."""
+        shape = self._shape
         if isinstance(message, pgoutput.Delete):
-            return self._event(Action.DELETE, old=self._old_row(message.old_kind, message.old))
-        new, unchanged = self._shape.tuple_row(message.new)
+            old, old_absent = self._old_texts(message.old_kind, message.old)
+            return self._event(Action.DELETE, old_text=old, old_absent=old_absent)
+        new, unchanged = shape.texts(message.new)
         if isinstance(message, pgoutput.Insert):
             if unchanged:
                 raise pgoutput.PgOutputError("INSERT with unchanged-TOAST columns")
-            return self._event(Action.INSERT, new=new)
-        old = self._old_row(message.old_kind, message.old)
+            return self._event(Action.INSERT, new_text=new)
+        old, old_absent = self._old_texts(message.old_kind, message.old)
         if unchanged and message.old_kind == "O" and old is not None:
-            new.update({name: old[name] for name in unchanged if name in old})
-            unchanged = tuple(name for name in unchanged if name not in old)
+            # REPLICA IDENTITY FULL: the old row holds what the new one did not resend.
+            lacking = set(old_absent)
+            filled = dict(zip(shape.names, new, strict=True))
+            filled.update({name: old[i] for i, name in enumerate(shape.names)
+                           if name in unchanged and name not in lacking})
+            new = tuple(filled[name] for name in shape.names)
+            unchanged = tuple(name for name in unchanged if name in lacking)
         if unchanged:
             self._check_toast_policy(unchanged)
-        return self._event(Action.UPDATE, old=old, new=self._ordered(new), unchanged=unchanged)
+        return self._event(Action.UPDATE, old_text=old, old_absent=old_absent, new_text=new, unchanged=unchanged)
 
-    def _ordered(self, row: Row) -> Row:
-        """The row with its columns in table order (filling from the old row appends at the end)."""
-        return {name: row[name] for name in self._shape.names if name in row}
+    def _old_texts(self, kind: pgoutput.OldKind | None,
+                   values: pgoutput.TupleData | None) -> tuple[TextValues | None, tuple[str, ...]]:
+        """The old image: the key only ('K', its key columns' texts), the whole row ('O'), or None."""
+        if values is None:
+            return None, ()
+        texts, absent = self._shape.texts(values)
+        if kind == "K":
+            return self._shape.codec.key_texts(texts), ()  # an unsent key column reads as NULL
+        return texts, absent
 
     def _check_toast_policy(self, unchanged: tuple[str, ...]) -> None:
         if self._source.unchanged_toast == "require-full":

@@ -43,7 +43,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.buffer.reader import SegmentRef
-from resources.buffer.segments import SCHEMA, derived_columns
+from resources.buffer.segments import SCHEMA, derived_columns, with_images
 from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import KeyEffect, KeyNet, carries_key, key_effects, partial_image
@@ -52,11 +52,12 @@ from snapshot_assets.archive.keys import TypedKey, laredo_row_key, row_key
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
 from snapshot_assets.spark.remote_io import read_parquet_files
 
-_SPARK_TYPES = {pa.string(): "STRING", pa.int64(): "BIGINT", pa.int32(): "INT", pa.bool_(): "BOOLEAN"}
+_SPARK_TYPES = {pa.string(): "STRING", pa.int64(): "BIGINT", pa.int32(): "INT", pa.bool_(): "BOOLEAN",
+                pa.list_(pa.string()): "ARRAY<STRING>"}
 
 
 def ddl_of(schema: pa.Schema) -> str:
-    """The Spark DDL of an Arrow schema of flat columns, so each layout is defined once."""
+    """The Spark DDL of an Arrow schema of flat (or string-list) columns, so each layout is defined once."""
     return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in schema)
 
 
@@ -175,7 +176,19 @@ def read_window(spark: SparkSession, segments: Sequence[SegmentRef], s3: S3Conne
     if not segments:
         return spark.createDataFrame([], BUFFER_DDL)
     paths = list(dict.fromkeys(s.path for s in segments))
-    return read_parquet_files(spark, paths, s3=s3, ddl=BUFFER_DDL).filter(seq_predicate(segments))
+    return text_images(read_parquet_files(spark, paths, s3=s3, ddl=BUFFER_DDL).filter(seq_predicate(segments)))
+
+
+def _image_batches(batches: Iterable[Any]) -> Iterator[Any]:
+    for batch in batches:
+        yield with_images(batch)
+
+
+def text_images(rows: DataFrame) -> DataFrame:
+    """Buffer rows kept as column text (PostgreSQL changes) get their images and derived columns, in
+    tasks, with ingest's `encode_change` (`segments.with_images`); the other rows pass through."""
+    text = F.col("codec").isNotNull()
+    return rows.filter(~text).unionByName(rows.filter(text).mapInArrow(_image_batches, rows.schema))
 
 
 # --- the window: its facts, its cut, legacy rows -----------------------------------------------------

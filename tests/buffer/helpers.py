@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from resources.buffer import BufferReader, SegmentRef
+from resources.buffer.segments import with_images
 from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import (
     ChangeEvent,
@@ -43,8 +44,9 @@ def lsn(n: int) -> str:
 
 
 def read_refs(refs: Iterable[SegmentRef], storage: BufferStorage | None = None) -> list[dict[str, Any]]:
-    """The rows Spark would read: each segment filtered by its seq range, in seq order (from `storage`
-    when given, e.g. a buffer in S3; else from the segment's local path)."""
+    """The rows Spark would read: each segment filtered by its seq range, in seq order, text rows
+    with their images (`with_images`, as the diff job reads them); from `storage` when given (a
+    buffer in S3, say), else from the segment's local path."""
     rows: list[dict[str, Any]] = []
     for ref in refs:
         source: Any = ref.path
@@ -53,7 +55,8 @@ def read_refs(refs: Iterable[SegmentRef], storage: BufferStorage | None = None) 
                 source = io.BytesIO(f.read())
         table = pq.read_table(source, filters=[("seq", ">", ref.seq_from_exclusive),
                                                ("seq", "<=", ref.seq_to_inclusive)])
-        rows.extend(table.to_pylist())
+        for batch in table.to_batches():
+            rows.extend(with_images(batch).to_pylist())
     return rows
 
 

@@ -17,6 +17,7 @@ from tests.buffer.helpers import SIMPLE_SCHEMA, buffer_rows, initial_load, inser
 
 T = "public.t"
 BIG = 2**53 + 1
+NO_TEXT = {"codec": None, "old_text": None, "new_text": None, "old_absent": None}  # typed changes: images encoded
 
 
 def open_buffer(root: Path, **kw: object) -> ChangeBuffer:
@@ -49,14 +50,15 @@ def test_segments_are_parquet_with_the_documented_schema(tmp_path: Path) -> None
     assert changes == [
         {"seq": 3, "position": lsn(200), "action": "UPDATE", "key": "[1]", "old": '{"id":1,"v":"a"}',
          "new": '{"id":1,"v":"é"}', "commit_time": "2024-05-06T07:08:09.12Z", "unchanged": None,
-         "old_key": None, "change_key": "1", "old_change_key": None, "old_partial": False, "old_carries_key": True},
+         "old_key": None, "change_key": "1", "old_change_key": None, "old_partial": False, "old_carries_key": True,
+         **NO_TEXT},
         {"seq": 4, "position": lsn(200), "action": "DELETE", "key": f"[{BIG}]",
          "old": f'{{"id":{BIG},"v":"\\u003cb\\u003e"}}', "new": None, "commit_time": None, "unchanged": None,
          "old_key": None, "change_key": "9.007199254740992e+15", "old_change_key": None, "old_partial": False,
-         "old_carries_key": True},
+         "old_carries_key": True, **NO_TEXT},
         {"seq": 5, "position": lsn(200), "action": "TRUNCATE", "key": None, "old": None, "new": None,
          "commit_time": None, "unchanged": None, "old_key": None, "change_key": None, "old_change_key": None,
-         "old_partial": None, "old_carries_key": None},
+         "old_partial": None, "old_carries_key": None, **NO_TEXT},
     ]
 
 
@@ -267,5 +269,6 @@ def test_empty_positions_belong_to_the_next_boundary(tmp_path: Path) -> None:
 def test_record_batch_schema_matches_parquet_columns() -> None:
     from resources.buffer.segments import record_batch
 
-    batch = record_batch([(1, "0/1", "INSERT", "[1]", None, '{"id":1}', None, None, None, "1", None, True, False)])
+    batch = record_batch([(1, "0/1", "INSERT", "[1]", None, '{"id":1}', None, None, None, "1", None, True, False,
+                           None, None, None, None)])
     assert batch.schema.equals(SCHEMA) and isinstance(batch, pa.RecordBatch)

@@ -411,7 +411,7 @@ def test_unchanged_toast_is_kept_under_replica_identity_full(source: Any, db: Db
     db.tx(f"UPDATE {names.table} SET n = 1 WHERE id = 1")
     (tx,) = stream.transactions(1)
     (change,) = tx.changes
-    assert type(change) is ChangeEvent
+    assert isinstance(change, ChangeEvent)
     assert change.new == {"id": 1, "big": big, "n": 1}
     assert change.old == {"id": 1, "big": big, "n": 0}
 

@@ -119,7 +119,7 @@ def test_sql_net_changes_equal_collapse(spark: Any, batch: tuple[tuple[str, ...]
         for seq, event in enumerate(events, start=1):
             encoded, _ = encode_change(event, seq, fields)
             if legacy:  # a segment written before the derived key columns existed
-                encoded = (*encoded[:8], None, None, None, None, None)
+                encoded = (*encoded[:8], None, None, None, None, None, *encoded[13:])
             rows.append((window_id, *encoded))
         expected[window_id] = collapsed(events, fields)
     frame = spark.createDataFrame(rows, f"window BIGINT, {BUFFER_DDL}")

@@ -1,0 +1,108 @@
+"""PostgreSQL changes kept as column text: the rows the build reads are those of the typed changes.
+
+The oracle is the typed path itself: for every change a real stream delivers (every common type,
+REPLICA IDENTITY DEFAULT and FULL, unchanged TOASTed values, key changes, composite text keys,
+deletes, truncates), the buffer row written from its text and completed by `with_images` (what the
+diff job reads) must equal, column for column, the row `encode_change` writes for the same change
+with typed images, and both must touch the same keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from resources.buffer.segments import SCHEMA, encode_change, record_batch, with_images
+from resources.subscribers.events import ChangeEvent
+from resources.subscribers.text_rows import RowCodec, TextChange
+from snapshot_assets.archive.changes import Action
+from snapshot_assets.archive.errors import ArchiveError, EncodeError
+from tests.pg import test_postgres_source as pgsrc
+from tests.pg.test_postgres_source import _TYPES_DDL, _TYPES_VALUES, Db, Stream
+
+db = pgsrc.db
+source = pgsrc.source
+
+_TEXT_COLUMNS = ("codec", "old_text", "new_text", "old_absent")
+
+
+def _as_read(changes: list[ChangeEvent], key_fields: tuple[str, ...]) -> None:
+    assert changes and all(isinstance(c, TextChange) for c in changes)
+    for seq, change in enumerate(changes, start=1):
+        text_row, text_keys = encode_change(change, seq, key_fields)
+        assert text_row[SCHEMA.get_field_index("codec")] is not None, "kept as text"
+        typed = change.typed() if isinstance(change, TextChange) else change
+        typed_row, typed_keys = encode_change(typed, seq, key_fields)
+        (read,) = with_images(record_batch([text_row])).to_pylist()
+        (expected,) = record_batch([typed_row]).to_pylist()
+        assert {k: v for k, v in read.items() if k not in _TEXT_COLUMNS} == \
+            {k: v for k, v in expected.items() if k not in _TEXT_COLUMNS}, change
+        assert text_keys == typed_keys
+
+
+@pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
+def test_every_type_reads_back_as_the_typed_change(source: Any, db: Db, identity: str) -> None:
+    sub, names = source()
+    t = names.table
+    db.run(_TYPES_DDL.format(t=t))
+    db.run(f"ALTER TABLE {t} REPLICA IDENTITY {identity}")
+    stream = Stream(sub.events(None))
+    schema, _, _, _ = stream.initial()
+    db.tx(f"INSERT INTO {t} VALUES {_TYPES_VALUES}".replace("%s", "1"),
+          f"INSERT INTO {t} VALUES {_TYPES_VALUES}".replace("%s", "2"))
+    db.tx(f"UPDATE {t} SET t = '<b>&amp;\u2028', f8 = 1e-7, f4 = 3e21, jb = '{{\"a\": 1.0, \"b\": 2.50}}' "
+          "WHERE id = 1")
+    db.tx(f"UPDATE {t} SET id = 3 WHERE id = 2", f"DELETE FROM {t} WHERE id = 1", f"TRUNCATE {t}")
+    changes = [c for tx in stream.transactions(3) for c in tx.changes]
+    assert [c.action.value for c in changes] == ["INSERT", "INSERT", "UPDATE", "UPDATE", "DELETE", "TRUNCATE"]
+    _as_read(changes, schema.key_fields)
+
+
+@pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
+def test_toast_and_composite_text_keys_read_back_as_the_typed_change(source: Any, db: Db, identity: str) -> None:
+    sub, names = source()
+    t = names.table
+    db.run(f"CREATE TABLE {t} (a int, b text, big text, n int, PRIMARY KEY (b, a))")
+    db.run(f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL, REPLICA IDENTITY {identity}")
+    db.run(f"INSERT INTO {t} VALUES (1, 'x<', repeat('z', 30000), 0), (2, 'x', NULL, 0)")
+    stream = Stream(sub.events(None))
+    schema, _, _, _ = stream.initial()
+    db.tx(f"UPDATE {t} SET n = 1 WHERE a = 1")  # big unchanged: not resent
+    db.tx(f"UPDATE {t} SET b = 'y' WHERE a = 1", f"UPDATE {t} SET a = 5 WHERE a = 2")  # key changes
+    db.tx(f"DELETE FROM {t} WHERE a = 5")
+    changes = [c for tx in stream.transactions(3) for c in tx.changes]
+    assert any(c.unchanged for c in changes) == (identity == "DEFAULT")
+    _as_read(changes, schema.key_fields)
+
+
+def test_a_codec_survives_its_text_and_refuses_an_unknown_converter() -> None:
+    codec = RowCodec(("id", "v", "tags"), ("int", "json", "array:float"), ("id",))
+    assert RowCodec.from_text(codec.text) == codec
+    assert codec.image(("1", '{"a": [1]}', "{1.5,NULL}")) == {"id": 1, "v": {"a": [1]}, "tags": [1.5, None]}
+    assert codec.image(("7",)) == {"id": 7}  # a key-only before-image
+    with pytest.raises(ValueError, match="unknown PostgreSQL value converter 'money'"):
+        RowCodec(("id",), ("money",), ("id",))
+
+
+def test_a_value_no_format_holds_is_kept_at_ingest_and_refused_by_the_build_by_column_and_key() -> None:
+    codec = RowCodec(("id", "j"), ("int", "json"), ("id",))
+    change = TextChange("0/10", Action.INSERT, codec, new_text=("7", '{"x": 1e400}'))
+    row, touched = encode_change(change, 1, ("id",))  # ingest keeps it: nothing is lost
+    assert touched == ["[7]"]
+    with pytest.raises(EncodeError) as refused:
+        with_images(record_batch([row]))
+    assert refused.value.column == "j" and refused.value.row_key == "[7]"
+
+
+def test_a_text_change_without_a_usable_key_is_refused_like_a_typed_one() -> None:
+    codec = RowCodec(("id", "v"), ("int", "text"), ("id",))
+    refused = [TextChange("0/20", Action.INSERT, codec, new_text=(None, "a")),
+               TextChange("0/20", Action.UPDATE, codec, new_text=("1", "a"), unchanged=("id",)),
+               TextChange("0/20", Action.DELETE, codec)]
+    for change in refused:
+        with pytest.raises(ArchiveError) as text_error:
+            encode_change(change, 1, ("id",))
+        with pytest.raises(ArchiveError) as typed_error:
+            encode_change(change.typed(), 1, ("id",))
+        assert (type(text_error.value), str(text_error.value)) == (type(typed_error.value), str(typed_error.value))
