@@ -192,6 +192,7 @@ def test_hosts_sharing_no_disk_archive_every_position_exactly(pg_cluster: PgClus
                             assert f":{ingest.process.pid}:" in holder, f"the lease is held by {holder!r}"
                             os.killpg(ingest.process.pid, signal.SIGKILL)
                             ingest.process.wait()
+                            services.remove(ingest)  # dead on purpose: no longer watched
                         wait_for(lambda: caught_up(archive, workload.history), CATCH_UP_S,
                                  f"round {number}: the archive's head to cover the round", services)
                         check_archive(archive, workload.history)
