@@ -111,6 +111,22 @@ def _backoff(attempt: int) -> None:
     time.sleep(min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.0))
 
 
+def _client_settings(client: S3Client, region: str | None, endpoint_url: str | None,
+                     path_style: bool) -> tuple[str | None, str | None, bool]:
+    """The region, endpoint and addressing a given client really uses, where the spec left them out.
+
+    Why: a Spark task rebuilds its own client from the destination's `S3Connection`; a client the
+    code location's `s3` resource configured (an endpoint of its own, path-style addressing) must
+    not turn into AWS's default endpoint there. AWS's own endpoints stay implicit.
+    """
+    meta = client.meta
+    actual = str(meta.endpoint_url or "")
+    if endpoint_url is None and actual and not actual.split("://", 1)[-1].split("/", 1)[0].endswith("amazonaws.com"):
+        endpoint_url = actual
+    addressing = (getattr(meta.config, "s3", None) or {}).get("addressing_style")
+    return region or meta.region_name, endpoint_url, path_style or addressing == "path"
+
+
 def build_s3_client(
     region: str | None = None,
     endpoint_url: str | None = None,
@@ -244,6 +260,8 @@ class S3Destination:
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
         self.cas_attempts = cas_attempts
+        if client is not None:  # a client made elsewhere (the `s3` resource): tasks must reach the same endpoint
+            region, endpoint_url, path_style = _client_settings(client, region, endpoint_url, path_style)
         self.connection = S3Connection(region, endpoint_url, path_style, connect_timeout, read_timeout, max_attempts,
                                        credentials, tuple(profiles))
         self._client = client or self.connection.client(f"s3 destination s3://{bucket}/{prefix}")

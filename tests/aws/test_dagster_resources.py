@@ -27,6 +27,7 @@ import pytest
 
 from resources.aws_credentials import CredentialProfiles
 from resources.destinations.base import Destination, DestinationError, GetResult, ObjectInfo, PutResult
+from resources.destinations.multipart import MultipartUpload
 from resources.destinations_resource import DestinationsResource
 from resources.subscribers.generator import GeneratorSubscriber
 from snapshot_assets import tables
@@ -150,6 +151,12 @@ class _ManifestLandsThenFails:
 
     def uri(self, key: str) -> str:
         return self.inner.uri(key)
+
+    def begin_multipart(self, key: str) -> MultipartUpload:
+        return self.inner.begin_multipart(key)
+
+    def abort_stale_uploads(self, prefix: str, older_than_s: float) -> tuple[str, ...]:
+        return self.inner.abort_stale_uploads(prefix, older_than_s)
 
 
 class _ManifestRefused(_ManifestLandsThenFails):
