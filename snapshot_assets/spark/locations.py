@@ -32,6 +32,7 @@ from snapshot_assets.spark.remote_io import (
     S3Location,
     arrow_s3,
     arrow_schema_of,
+    clear_prefix,
     is_s3,
     read_parquet,
     write_parquet,
@@ -40,7 +41,6 @@ from snapshot_assets.spark.remote_io import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-_DELETE_BATCH = 1000  # DeleteObjects' ceiling
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +147,7 @@ class Location:
         if not self.remote:
             shutil.rmtree(self.uri, ignore_errors=True)
             return
-        where = self._s3()
-        client = where.connection.client(f"build location {self.uri}")
-        keys = [item["Key"] for page in client.get_paginator("list_objects_v2").paginate(
-            Bucket=where.bucket, Prefix=where.prefix) for item in page.get("Contents", [])]
-        for start in range(0, len(keys), _DELETE_BATCH):
-            chunk = keys[start:start + _DELETE_BATCH]
-            client.delete_objects(Bucket=where.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
+        clear_prefix(self._s3())
 
     def list_files(self, suffix: str = "") -> list[str]:
         """Names of the files directly in the folder (not dot- or underscore-prefixed), sorted."""

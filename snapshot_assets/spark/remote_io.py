@@ -238,7 +238,7 @@ def _write_file(batches: Iterable[pa.RecordBatch], location: S3Location) -> Iter
                                                            ("bytes", pa.int64())]))
 
 
-def _clear(location: S3Location) -> None:
+def clear_prefix(location: S3Location) -> None:
     """Delete what a previous write left in the folder (data files, markers), so the folder is only this write."""
     client = location.connection.client(f"dataset {location.uri}")
     keys = [item["Key"] for page in client.get_paginator("list_objects_v2").paginate(
@@ -259,7 +259,7 @@ def write_parquet(df: DataFrame, uri: str, *, s3: S3Connection | None = None) ->
         df.write.mode("overwrite").parquet(uri)
         return []
     location = S3Location.parse(uri, s3)
-    _clear(location)
+    clear_prefix(location)
     written = df.mapInArrow(functools.partial(_write_file, location=location), FILES_DDL).collect()
     names = sorted(row["file"] for row in written)
     if not names:
