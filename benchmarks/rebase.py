@@ -249,8 +249,9 @@ snapshotter {{
         """One `snapshotter run --once` in its own session (so its process tree is one session)."""
         self.runs += 1
         log = self.logs / f"run-{self.runs:02d}.log"
-        command = [str(Path(sys.executable).with_name("snapshotter")), "run", "--once", "--config", str(self.config),
-                   *flags]
+        # --verbose: Dagster's event log on stderr (this run's log), where the time breakdown is read from
+        command = [str(Path(sys.executable).with_name("snapshotter")), "run", "--once", "--verbose", "--config",
+                   str(self.config), *flags]
         server = self.server_pid
         if server is not None:
             reset_peak_rss(server)
