@@ -94,12 +94,11 @@ snapshotter {{
 class Hosts:
     """The hosts' directories and the processes started on them (stopped, process group and all, at exit)."""
 
-    def __init__(self, base: Path, storage: InstanceStorage, config: str) -> None:
+    def __init__(self, base: Path, storage: InstanceStorage) -> None:
         self.base, self.storage = base, storage
         self.services: list[Service] = []
         for host in HOSTS:
             (self.home(host) / "tmp").mkdir(parents=True)
-            (self.home(host) / "snapshotter.conf").write_text(config)
             dagster = self.home(host) / "dagster_home"
             dagster.mkdir()
             (dagster / "dagster.yaml").write_text(storage.instance_yaml(run_queue={"dequeue_interval_seconds": 1}))
@@ -167,11 +166,11 @@ def test_hosts_sharing_no_disk_archive_every_position_exactly(pg_cluster: PgClus
                                                              s3_bucket: str, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     with postgres_storage(pg_cluster, moto_server, s3_bucket, tmp_path / "compute-logs-staging") as storage:
-        hosts = Hosts(tmp_path / "hosts", storage, "")
+        hosts = Hosts(tmp_path / "hosts", storage)
         server = spark_server(hosts)
         try:
             config = config_text(pg_cluster.dsn(), s3_bucket, moto_server, server.url)
-            for host in HOSTS:
+            for host in HOSTS:  # each host's own copy of the one config (it names no local path)
                 (hosts.home(host) / "snapshotter.conf").write_text(config)
             table = load_config(hosts.home("ingest") / "snapshotter.conf", env={}).tables[0]
             archive = Archive(table, build_destination(table.destinations[0]))
