@@ -24,6 +24,7 @@ from resources.destinations_resource import DestinationsResource
 from resources.sinks_resource import EventSinksResource
 from resources.spark import SparkResource
 from snapshot_assets.archive.manifest import Artifact
+from snapshot_assets.archive.pins import pin_of
 from snapshot_assets.archive.positions import comparator
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.verify import verify_archive
@@ -74,15 +75,23 @@ def _settle_leftover(context: dg.AssetExecutionContext, pipe: TablePipeline) -> 
     context.log_event(settled(leftover, pipe.name, MANIFEST, committed=committed))
 
 
+class SnapshotRequest(dg.Config):
+    """The run config of a snapshot: `label` pins it as a user's restore point (`force_snapshot` from
+    the UI, GraphQL, `POST /snapshot?label=`, `snapshotter snapshot --label`); without one it is a
+    system snapshot that retention prunes (the table's first snapshot is pinned anyway)."""
+
+    label: str = ""
+
+
 def _build(context: dg.AssetExecutionContext, spark: SparkResource, destinations: DestinationsResource,
-           event_sinks: EventSinksResource, kind: str) -> dg.Output[Artifact]:
+           event_sinks: EventSinksResource, kind: str, label: str = "") -> dg.Output[Artifact]:
     pipe = table_pipeline(context.partition_key, destinations, event_sinks)
     _settle_leftover(context, pipe)
     nxt = _requested(context, pipe, kind)
     if nxt.to_position is None:
         raise dg.Failure(f"{pipe.name}: nothing has been ingested yet")
     started = time.monotonic()
-    built = pipe.build(spark.spark_session, nxt)
+    built = pipe.build(spark.spark_session, nxt, label=label)
     art = built.artifact
     metadata: dict[str, Any] = {
         "kind": art.kind,
@@ -95,6 +104,9 @@ def _build(context: dg.AssetExecutionContext, spark: SparkResource, destinations
         "spark_s": round(built.seconds, 3),
         "spark_mode": spark.mode,
     }
+    pin = pin_of(art)
+    if pin is not None:
+        metadata["pin"] = pin.label
     for fid, ref in art.formats.items():
         metadata[f"bytes_{fid}"] = ref.size_bytes
         metadata[f"uri_{fid}"] = dg.MetadataValue.url(ref.uri) if ref.uri.startswith("s3://") else ref.uri
@@ -104,9 +116,9 @@ def _build(context: dg.AssetExecutionContext, spark: SparkResource, destinations
 @dg.asset(partitions_def=PARTITIONS, deps=[change_buffer], kinds={"spark"}, group_name="snapshotter",
           io_manager_key=ARTIFACT_IO,
           description="A full base snapshot of the table (opens a new epoch), in every snapshot format.")
-def snapshot(context: dg.AssetExecutionContext, spark: SparkResource, destinations: DestinationsResource,
-             event_sinks: EventSinksResource) -> dg.Output[Artifact]:
-    return _build(context, spark, destinations, event_sinks, "snapshot")
+def snapshot(context: dg.AssetExecutionContext, config: SnapshotRequest, spark: SparkResource,
+             destinations: DestinationsResource, event_sinks: EventSinksResource) -> dg.Output[Artifact]:
+    return _build(context, spark, destinations, event_sinks, "snapshot", config.label.strip())
 
 
 @dg.asset(partitions_def=PARTITIONS, deps=[change_buffer], kinds={"spark"}, group_name="snapshotter",

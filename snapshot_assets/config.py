@@ -43,6 +43,7 @@ from resources.work_storage import is_s3_uri
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import default_key_prefix
 from snapshot_assets.archive.policy import Policy
+from snapshot_assets.archive.retention import DEFAULT_GRACE
 from snapshot_assets.config_values import (
     ValueParseError,
     parse_bool,
@@ -177,6 +178,7 @@ class TableConfig:
     credentials: Mapping[str, CredentialProfile] = field(default_factory=dict)  # the profiles specs may name
     retry: RetryConfig = field(default_factory=RetryConfig)
     bucket_bytes: int = DEFAULT_BUCKET_BYTES  # state { bucket_size }: the jsonl bytes a state bucket aims at
+    retention_grace: _dt.timedelta = DEFAULT_GRACE  # retention.grace: how long a pruned object outlives its commit
 
     @property
     def name(self) -> str:
@@ -489,6 +491,7 @@ def _table(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: Bu
     policy = _policy(s.sub("snapshot"), diff_interval)
     retention = s.sub("retention")
     keep_epochs = retention.get("keep_epochs", parse_count, 0)
+    grace = retention.get("grace", parse_duration, DEFAULT_GRACE)
     retention.done()
     formats = s.sub("formats")
     snapshot_formats, diff_formats = _formats(formats, "snapshot"), _formats(formats, "diff")
@@ -512,6 +515,7 @@ def _table(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: Bu
         credentials=credentials,
         retry=_retry(s.sub("retry")),
         bucket_bytes=_bucket_bytes(s.sub("state")),
+        retention_grace=grace,
     )
     return table
 

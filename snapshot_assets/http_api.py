@@ -32,15 +32,12 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from snapshot_assets.launch import SubmitRun
+from snapshot_assets.launch import FORCE_SNAPSHOT_JOB, SubmitRun, force_snapshot_run
 from snapshot_assets.metrics import StatusCollector
 from snapshot_assets.redaction import redact
 from snapshot_assets.status import TableStatus
-from snapshot_assets.tables import PARTITION_TAG, TABLE_TAG
 
 log = logging.getLogger(__name__)
-
-FORCE_SNAPSHOT_JOB = "force_snapshot"
 
 
 def laredo_status(status: TableStatus, collected_at: float) -> dict[str, Any]:
@@ -105,10 +102,11 @@ class Api:
                                                          f"are {', '.join(self.tables)}"})
         if self.submit is None:
             return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": self.no_submit_reason})
+        label = (query.get("label") or [""])[0].strip()
         runs: list[dict[str, str]] = []
         for table in chosen:
             try:
-                run_id = self.submit(FORCE_SNAPSHOT_JOB, {PARTITION_TAG: table, TABLE_TAG: table})
+                run_id = self.submit(*force_snapshot_run(table, label))
             except Exception as e:  # the instance or the code location: say which table, keep the runs made
                 log.exception("launching %s for %s failed", FORCE_SNAPSHOT_JOB, table)
                 return _json(HTTPStatus.SERVICE_UNAVAILABLE, {

@@ -20,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Protocol
 
 import dagster as dg
 from dagster._core.definitions.selector import JobSubsetSelector
@@ -34,8 +35,23 @@ from dagster._core.workspace.load_target import (
     WorkspaceLoadTarget,
 )
 
-SubmitRun = Callable[[str, Mapping[str, str]], str]
-"""(job name, tags) -> the id of the run submitted to the Dagster instance (`Launcher.submit`)."""
+
+class SubmitRun(Protocol):
+    """(job name, tags, run config) -> the id of the run submitted to the Dagster instance (`Launcher.submit`)."""
+
+    def __call__(self, job_name: str, tags: Mapping[str, str], run_config: Mapping[str, Any] | None = None) -> str:
+        ...
+
+
+FORCE_SNAPSHOT_JOB = "force_snapshot"
+
+
+def force_snapshot_run(table: str, label: str = "") -> tuple[str, dict[str, str], dict[str, Any]]:
+    """(job, tags, run config) of a forced snapshot of `table`; a `label` pins it (assets.SnapshotRequest)."""
+    from snapshot_assets.tables import PARTITION_TAG, TABLE_TAG
+
+    config: dict[str, Any] = {"ops": {"snapshot": {"config": {"label": label}}}} if label else {}
+    return FORCE_SNAPSHOT_JOB, {PARTITION_TAG: table, TABLE_TAG: table}, config
 
 
 class LaunchError(Exception):
@@ -105,8 +121,9 @@ class Launcher:
             raise LaunchError(f"code location {name!r} failed to load: {error.message if error else 'unknown error'}")
         return workspace
 
-    def submit(self, job_name: str, tags: Mapping[str, str]) -> str:
-        """Create a run of `job_name` with `tags` and submit it; returns its run id."""
+    def submit(self, job_name: str, tags: Mapping[str, str], run_config: Mapping[str, Any] | None = None) -> str:
+        """Create a run of `job_name` with `tags` (and `run_config`) and submit it; returns its run id."""
+        config = dict(run_config or {})
         with self._lock:
             workspace = self._workspace()
             location = workspace.get_code_location(self.origin.location_name)
@@ -116,10 +133,10 @@ class Launcher:
                 raise LaunchError(f"code location {location.name!r} has no job {job_name!r}")
             job = location.get_job(JobSubsetSelector(location_name=location.name, repository_name=repo.name,
                                                      job_name=job_name, op_selection=None))
-            plan = location.get_execution_plan(job, {}, step_keys_to_execute=None, known_state=None,
+            plan = location.get_execution_plan(job, config, step_keys_to_execute=None, known_state=None,
                                                instance=self.instance)
             run = self.instance.create_run(
-                job_name=job_name, run_id=None, run_config={}, resolved_op_selection=job.resolved_op_selection,
+                job_name=job_name, run_id=None, run_config=config, resolved_op_selection=job.resolved_op_selection,
                 step_keys_to_execute=plan.execution_plan_snapshot.step_keys_to_execute, op_selection=None,
                 status=None, root_run_id=None, parent_run_id=None, tags={**job.tags, **tags},
                 job_snapshot=job.job_snapshot, execution_plan_snapshot=plan.execution_plan_snapshot,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -73,6 +73,11 @@ class Artifact:
     def is_snapshot(self) -> bool:
         return self.kind == SNAPSHOT
 
+    @property
+    def identity(self) -> tuple[str, int, str | None, str]:
+        """What names an artifact across manifest copies and rewrites (its objects' keys follow from it)."""
+        return self.kind, self.epoch, self.from_position, self.to_position
+
     def to_json(self) -> dict[str, Any]:
         """Field order and omissions exactly as laredo's struct tags (`row_count`/`change_count` omitempty)."""
         out: dict[str, Any] = {
@@ -123,16 +128,20 @@ class Manifest:
 
     # ---- writing -----------------------------------------------------------------------------
 
-    def with_artifact(self, art: Artifact, *, now: str | None = None, keep_epochs: int = 0) -> Manifest:
+    def with_artifact(self, art: Artifact, *, now: str | None = None, keep_epochs: int = 0,
+                      spare: Callable[[Artifact], bool] | None = None) -> Manifest:
         """The manifest after committing `art`: appended, head and epoch advanced, retention applied.
 
         Retention keeps the current epoch and the `keep_epochs - 1` before it (0 keeps everything);
-        the newest snapshot is never pruned because its epoch is the current one.
+        the newest snapshot is never pruned because its epoch is the current one. An artifact for
+        which `spare` says True stays whatever its epoch (a pinned snapshot: archive/retention.py);
+        the chain stays valid because a snapshot needs nothing before it.
         """
         epoch = art.epoch if art.is_snapshot else self.epoch
         artifacts = (*self.artifacts, art)
         if keep_epochs > 0:
-            artifacts = tuple(a for a in artifacts if a.epoch >= epoch - keep_epochs + 1)
+            artifacts = tuple(a for a in artifacts
+                              if a.epoch >= epoch - keep_epochs + 1 or (spare is not None and spare(a)))
         return replace(self, manifest_version=MANIFEST_VERSION, epoch=epoch, updated_at=now or utc_now(),
                        head_position=art.to_position, artifacts=artifacts)
 

@@ -80,3 +80,47 @@ def snapshot_labelled(m: Manifest, label: str) -> Artifact:
         raise PositionError(f"{m.table or 'the table'} has no snapshot labelled {label!r}; "
                             f"labels: {', '.join(labels) or 'none'}")
     return found[-1]
+
+
+def snapshot_pin(m: Manifest, label: str, now: str) -> Pin | None:
+    """The pin a new snapshot of `m` is committed with: the user's `label`, else `initial` for the
+    table's first snapshot; None for a snapshot the policy made (a system snapshot)."""
+    if label:
+        return Pin(label=label, pinned_at=now, origin=ORIGIN_USER)
+    if not m.artifacts:
+        return Pin(label=ORIGIN_INITIAL, pinned_at=now, origin=ORIGIN_INITIAL)
+    return None
+
+
+def pin_at(m: Manifest, position: str, label: str, *, now: str, origin: str = ORIGIN_USER) -> Manifest:
+    """`m` with the snapshot at `position` pinned as `label` (re-labelled when already pinned)."""
+    index = _snapshot_index(m, position)
+    arts = list(m.artifacts)
+    arts[index] = with_pin(arts[index], Pin(label=label, pinned_at=now, origin=origin))
+    return replace(m, artifacts=tuple(arts))
+
+
+def unpin_at(m: Manifest, position: str) -> Manifest:
+    """`m` with the pin of the snapshot at `position` removed: retention may prune it from the next commit."""
+    index = _snapshot_index(m, position)
+    if not is_pinned(m.artifacts[index]):
+        raise PositionError(f"{m.artifacts[index].describe()} of {m.table} is not pinned")
+    arts = list(m.artifacts)
+    arts[index] = with_pin(arts[index], None)
+    return replace(m, artifacts=tuple(arts))
+
+
+def _snapshot_index(m: Manifest, position: str) -> int:
+    """The index of the snapshot at `position`; a diff there, or nothing there, is a clear error."""
+    found = [i for i, a in enumerate(m.artifacts) if a.to_position == position]
+    for i in found:
+        if m.artifacts[i].is_snapshot:
+            return i
+    if found:
+        raise PositionError(f"{position} is the end of {m.artifacts[found[0]].describe()} in {m.table}, not a "
+                            f"snapshot; only snapshots can be pinned (snapshots: {_positions(m)})")
+    raise PositionError(f"{m.table} has no snapshot at {position!r} (snapshots: {_positions(m)})")
+
+
+def _positions(m: Manifest) -> str:
+    return ", ".join(a.to_position for a in m.snapshots()) or "none"

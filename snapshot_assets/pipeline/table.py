@@ -35,6 +35,7 @@ from resources.subscribers.errors import KeyMismatch
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.manifest import Artifact, Manifest, utc_now
+from snapshot_assets.archive.pins import snapshot_pin, with_pin
 from snapshot_assets.archive.positions import comparator
 from snapshot_assets.archive.reader import artifact_key
 from snapshot_assets.config import TableConfig
@@ -146,7 +147,7 @@ class TablePipeline:
 
     # ---- building (Spark) ----------------------------------------------------------------------
 
-    def build(self, spark: Any, nxt: NextArtifact) -> BuildResult:
+    def build(self, spark: Any, nxt: NextArtifact, *, label: str = "") -> BuildResult:
         """Build `nxt` with Spark and upload every format to every destination (not yet committed).
 
         Both kinds start from the table at the head: the STATE dataset of the epoch's snapshot plus
@@ -155,15 +156,16 @@ class TablePipeline:
         the buffer segments since it. A diff completes its row images against that base, a
         snapshot applies the changes since the head to it. Nothing is committed here, so a failure
         (an unfillable value among them, named with the table) leaves the archive as it was.
+        A snapshot given a `label` (a user's), and a table's first snapshot, carry their pin.
         """
         from snapshot_assets.spark.images import UnfillableValue
 
         try:
-            return self._build(spark, nxt)
+            return self._build(spark, nxt, label)
         except UnfillableValue as exc:
             raise UnfillableValue(f"table {self.name}: {exc}") from exc
 
-    def _build(self, spark: Any, nxt: NextArtifact) -> BuildResult:
+    def _build(self, spark: Any, nxt: NextArtifact, label: str) -> BuildResult:
         from snapshot_assets.spark.assemble import assemble
         from snapshot_assets.spark.bases import choose_base
         from snapshot_assets.spark.diff import build_diff
@@ -206,6 +208,8 @@ class TablePipeline:
         art = Artifact(kind=nxt.kind, epoch=epoch, from_position=nxt.from_position, to_position=nxt.to_position,
                        created_at=utc_now(), formats=refs, row_count=built.count if snap else 0,
                        change_count=0 if snap else built.count)
+        if snap:
+            art = with_pin(art, snapshot_pin(m, label, art.created_at))
         return BuildResult(art, built.seconds, dict(built.details))
 
     def diff_base(self, spark: Any, m: Manifest, scratch: Location, *, state: Any = None, artifact: Any = None) -> Any:
@@ -292,7 +296,8 @@ class TablePipeline:
     def commit(self, art: Artifact) -> CommitReport:
         """Commit, then clean up and notify; failures after the commit never undo it."""
         result = commit_artifact(self.destinations, self.cfg.key_prefix, self.name, art, cmp=self.cmp,
-                                 keep_epochs=self.cfg.keep_epochs, columns=self._columns(art))
+                                 keep_epochs=self.cfg.keep_epochs, grace=self.cfg.retention_grace,
+                                 columns=self._columns(art))
         self.counters.add(CAS_RETRIES, amount=result.cas_retries)
         if not result.already_committed:
             self.counters.add(ARTIFACTS_WRITTEN, art.kind)
