@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
 
     for name, port, interval, text in (
-            ("serve", 8080, 5.0, "laredo's HTTP API: /health/live, /health/ready, /status, /metrics, POST /snapshot"),
+            ("serve", 8080, 5.0, "laredo's HTTP API: /health/live, /health/ready, /status, /metrics, "
+                                 "/bootstrap/<table>, POST /snapshot"),
             ("serve-metrics", 9464, 15.0, "the same HTTP API as `serve` (the former metrics-only exporter's "
                                           "name and port)")):
         srv = sub.add_parser(name, help=text)
@@ -161,7 +162,33 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--writer", required=True, help="the writer id (the topic it published to)")
     rep.add_argument("--from", dest="start", help="first time (unix milliseconds or ISO-8601)")
     rep.add_argument("--to", dest="end", help="last time (unix milliseconds or ISO-8601)")
+    _add_restore_point_parsers(sub)
     return parser
+
+
+def _add_restore_point_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """bootstrap (URLs by position), snapshot (a forced, labelled snapshot run), pin, unpin."""
+    boot = sub.add_parser("bootstrap", help="the artifacts that bring a replica at a position to the head, as URLs")
+    boot.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+    boot.add_argument("--table", required=True)
+    boot.add_argument("--position", help="the last position the replica applied (default: a new replica)")
+    boot.add_argument("--expires", default="1h", help="how long the URLs stay valid (1s to 7d; default 1h)")
+    boot.add_argument("--destination", help="the destination whose objects the URLs name (default: the first)")
+
+    snap = sub.add_parser("snapshot", help="submit a force_snapshot run of a table (pinned when labelled)")
+    snap.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+    snap.add_argument("--table", required=True)
+    snap.add_argument("--label", default="", help="pin the snapshot as this restore point")
+    _add_workspace_flags(snap, "the run is submitted")
+
+    for name, text in (("pin", "pin a snapshot so retention keeps it (a restore point)"),
+                       ("unpin", "remove a snapshot's pin; the next commit's retention may prune it")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+        p.add_argument("--table", required=True)
+        p.add_argument("--position", required=True, help="the snapshot's position (its to_position)")
+        if name == "pin":
+            p.add_argument("--label", default="", help="the restore point's label (default: the position)")
 
 
 def _destination(args: argparse.Namespace) -> Destination:
@@ -383,6 +410,7 @@ def launcher(args: argparse.Namespace, instance: dg.DagsterInstance | None) -> t
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.bootstrap import Bootstrapper
     from snapshot_assets.http_api import serve
     from snapshot_assets.services import install_stop_signals
     from snapshot_assets.status import dagster_home_instance, statuses
@@ -400,7 +428,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     try:
         serve(lambda: statuses(pipes, instance=instance), tables=[p.name for p in pipes], port=args.port,
               addr=args.host, interval=args.interval, submit=launch.submit if launch else None,
-              no_submit_reason=why, stop=stop)
+              no_submit_reason=why, stop=stop, bootstrap=Bootstrapper(pipes))
     finally:
         if launch is not None:
             launch.close()
@@ -413,6 +441,44 @@ def _capture_settings(args: argparse.Namespace) -> tuple[CaptureSettings, Creden
     if config.capture is None:
         raise CliError(f"{config.file} has no capture block")
     return config.capture, CredentialProfiles.shared(config.credentials)
+
+
+def cmd_bootstrap(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.bootstrap import Bootstrapper
+
+    pipes = _pipelines(argparse.Namespace(config=args.config, table=[args.table]))
+    body = Bootstrapper(pipes).answer(args.table, args.position, args.expires, args.destination)
+    out.write(json.dumps(body, indent=2) + "\n")
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.launch import force_snapshot_run
+    from snapshot_assets.status import dagster_home_instance
+
+    _use_config(args.config)  # the code location loaded for the run reads the same tables
+    table = load_config(args.config).table(args.table).name
+    launch, why = launcher(args, dagster_home_instance())
+    if launch is None:
+        raise CliError(why)
+    with launch:
+        run_id = launch.submit(*force_snapshot_run(table, args.label.strip()))
+    pinned = f", pinned as {args.label.strip()!r}" if args.label.strip() else ""
+    out.write(f"{table}: force_snapshot run {run_id} submitted{pinned}\n")
+    return 0
+
+
+def cmd_pin(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.restore_points import pin, unpin
+
+    (pipe,) = _pipelines(argparse.Namespace(config=args.config, table=[args.table]))
+    if args.command == "pin":
+        art = pin(pipe, args.position, args.label.strip())
+        out.write(f"{pipe.name}: pinned {art.describe()} as {args.label.strip() or args.position!r}\n")
+    else:
+        art = unpin(pipe, args.position)
+        out.write(f"{pipe.name}: unpinned {art.describe()}; the next commit's retention may prune it\n")
+    return 0
 
 
 def cmd_capture_serve(args: argparse.Namespace, out: TextIO) -> int:
@@ -448,6 +514,7 @@ COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cm
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
             "serve": cmd_serve, "serve-metrics": cmd_serve, "spark": cmd_spark, "capture-serve": cmd_capture_serve,
             "replay": cmd_replay}
+COMMANDS.update({"bootstrap": cmd_bootstrap, "snapshot": cmd_snapshot, "pin": cmd_pin, "unpin": cmd_pin})
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

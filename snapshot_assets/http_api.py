@@ -9,9 +9,14 @@
                       then `position` (the buffer's durable position) and everything
                       `snapshotter status --output json` reports, under its own names.
   GET  /metrics       Prometheus text (metrics.py), plus the process collector as laredo's has.
+  GET  /bootstrap/<table>?position=P&expires=3600
+                      what brings a replica at P (none: a new one) to the head, as URLs it GETs without
+                      credentials (bootstrap.py): 200 with the answer, 400 for a bad position or
+                      expires, 404 for a table that is not configured or has no archive yet.
   POST /snapshot      a `force_snapshot` run per table (all, or `?table=schema.table`) submitted to
-                      the Dagster instance (launch.py); 200 `{"runs": [{"table", "run_id"}]}`, 404 for
-                      a table that is not configured, 503 when no instance is configured.
+                      the Dagster instance (launch.py), pinned as `?label=` when given; 200
+                      `{"runs": [{"table", "run_id"}]}`, 404 for a table that is not configured,
+                      503 when no instance is configured.
                       laredo snapshots synchronously; here the run is queued and the daemon runs
                       it (one writer per table), so the answer names the runs to follow instead.
 
@@ -32,12 +37,17 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from resources.destinations.base import DestinationError
+from snapshot_assets.archive.errors import ArchiveError, ManifestNotFound, PositionError
+from snapshot_assets.bootstrap import BootstrapError, Bootstrapper, UnknownTable
 from snapshot_assets.launch import FORCE_SNAPSHOT_JOB, SubmitRun, force_snapshot_run
 from snapshot_assets.metrics import StatusCollector
 from snapshot_assets.redaction import redact
 from snapshot_assets.status import TableStatus
 
 log = logging.getLogger(__name__)
+
+BOOTSTRAP_ROUTE = "/bootstrap/"
 
 
 def laredo_status(status: TableStatus, collected_at: float) -> dict[str, Any]:
@@ -69,9 +79,10 @@ class Api:
     """The routes, over a status collector and (optionally) a way to submit runs."""
 
     def __init__(self, collector: StatusCollector, tables: Sequence[str], submit: SubmitRun | None,
-                 no_submit_reason: str = "") -> None:
+                 no_submit_reason: str = "", bootstrap: Bootstrapper | None = None) -> None:
         self.collector, self.tables = collector, list(tables)
         self.submit, self.no_submit_reason = submit, no_submit_reason
+        self.bootstrapper = bootstrap
         self.registry = collector.registry()
 
     def get(self, path: str, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
@@ -89,7 +100,24 @@ class Api:
             return HTTPStatus.OK, CONTENT_TYPE_LATEST, generate_latest(self.registry)
         if path == "/snapshot":
             return _json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "use POST"})
+        if path.startswith(BOOTSTRAP_ROUTE) and self.bootstrapper is not None:
+            return self.bootstrap(urllib.parse.unquote(path[len(BOOTSTRAP_ROUTE):]), query)
         return _not_found(path)
+
+    def bootstrap(self, table: str, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        """`GET /bootstrap/<table>`: the answer, or the one-line reason it cannot be given."""
+        assert self.bootstrapper is not None
+        one = {k: v[-1] for k, v in query.items() if v}
+        try:
+            return _json(HTTPStatus.OK, self.bootstrapper.answer(table, one.get("position"), one.get("expires"),
+                                                                 one.get("destination")))
+        except (UnknownTable, ManifestNotFound) as e:
+            return _json(HTTPStatus.NOT_FOUND, {"error": redact(str(e))})
+        except (BootstrapError, PositionError) as e:
+            return _json(HTTPStatus.BAD_REQUEST, {"error": redact(str(e))})
+        except (ArchiveError, DestinationError) as e:
+            log.exception("bootstrap of %s failed", table)
+            return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": redact(f"{type(e).__name__}: {e}")})
 
     def post(self, path: str, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
         if path != "/snapshot":
@@ -123,7 +151,7 @@ def _json(code: int, body: Any) -> tuple[int, str, bytes]:
 
 def _not_found(path: str) -> tuple[int, str, bytes]:
     return _json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path} (see /health/live, /health/ready, "
-                                                 "/status, /metrics, POST /snapshot)"})
+                                                 "/status, /metrics, /bootstrap/<table>, POST /snapshot)"})
 
 
 def _handler(api: Api) -> type[BaseHTTPRequestHandler]:
@@ -154,11 +182,11 @@ def _handler(api: Api) -> type[BaseHTTPRequestHandler]:
 def serve(collect: Callable[[], Sequence[TableStatus]], *, tables: Sequence[str], port: int,
           addr: str = "0.0.0.0", interval: float = 5.0, submit: SubmitRun | None = None,
           no_submit_reason: str = "", stop: threading.Event | None = None,
-          on_listening: Callable[[int], None] | None = None) -> None:
+          on_listening: Callable[[int], None] | None = None, bootstrap: Bootstrapper | None = None) -> None:
     """Serve the API on `addr:port` until `stop` is set (or forever). `on_listening(port)` is told
     the bound port (useful with port 0)."""
     collector = StatusCollector(collect, interval)
-    api = Api(collector, tables, submit, no_submit_reason)
+    api = Api(collector, tables, submit, no_submit_reason, bootstrap)
     server = ThreadingHTTPServer((addr, port), _handler(api))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, name="snapshotter-http", daemon=True)

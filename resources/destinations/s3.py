@@ -324,6 +324,14 @@ class S3Destination:
         with self._errors("delete", key):
             self._client.delete_object(Bucket=self.bucket, Key=self._full(key))
 
+    def presigned_get(self, key: str, expires_s: int) -> str:
+        """A URL that GETs `key` without credentials for `expires_s` seconds (SigV4 query signing, as
+        this destination's client signs: its credentials profile, whose own expiry also ends the URL)."""
+        with self._errors("presign", key):
+            url: str = self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": self._full(key)}, ExpiresIn=expires_s)
+        return url
+
     def begin_multipart(self, key: str) -> S3Upload:
         """CreateMultipartUpload for `key`; the handle rebuilds its client from `connection` in a task."""
         from resources.destinations.s3_multipart import S3Upload

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from snapshot_assets.archive.manifest import Manifest
+from snapshot_assets.archive.pins import pin_of
+from snapshot_assets.archive.retention import retired_of
 
 
 def _size(n: int) -> str:
@@ -26,13 +28,17 @@ def render_manifest(m: Manifest) -> str:
         f"artifacts      {len(m.artifacts)}",
         "",
     ]
-    cols = ("#", "kind", "epoch", "from", "to", "count", "formats (size)", "created_at")
+    cols = ("#", "kind", "epoch", "from", "to", "count", "formats (size)", "created_at", "pin")
     rows = [cols]
     for i, a in enumerate(m.artifacts):
         count = a.row_count if a.is_snapshot else a.change_count
         fmts = ", ".join(f"{fid} ({_size(ref.size_bytes)})" for fid, ref in a.formats.items())
+        pin = pin_of(a)
         rows.append((str(i), a.kind, str(a.epoch), a.from_position or "-", a.to_position, str(count),
-                     fmts, a.created_at))
+                     fmts, a.created_at, f"{pin.label} ({pin.origin})" if pin else ""))
     widths = [max(len(r[c]) for r in rows) for c in range(len(cols))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join([*header, *lines]) + "\n"
+    retired = retired_of(m)
+    waiting = [f"retired        {r.artifact.describe()} at {r.retired_at} (objects kept for retention.grace)"
+               for r in retired]
+    return "\n".join([*header, *lines, *([""] if waiting else []), *waiting]) + "\n"
