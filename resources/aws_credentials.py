@@ -37,6 +37,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from dagster_aws.s3 import S3Resource
 from pydantic import PrivateAttr
 
+from resources.destinations.s3 import S3_SIGNATURE
 from snapshot_assets.config import CredentialProfile, load_config
 from snapshot_assets.redaction import register_secret
 
@@ -81,7 +82,8 @@ def _now() -> _dt.datetime:
 def _config(timeouts: Timeouts, *, path_style: bool | None = None) -> Config:
     s3: Any = {"addressing_style": "path" if path_style else "auto"} if path_style is not None else None
     return Config(s3=s3, connect_timeout=timeouts.connect, read_timeout=timeouts.read, tcp_keepalive=True,
-                  retries={"total_max_attempts": timeouts.max_attempts, "mode": "standard"})
+                  retries={"total_max_attempts": timeouts.max_attempts, "mode": "standard"},
+                  signature_version=S3_SIGNATURE if path_style is not None else None)
 
 
 def describe_profile(profile: CredentialProfile) -> str:

@@ -127,6 +127,10 @@ def _client_settings(client: S3Client, region: str | None, endpoint_url: str | N
     return region or meta.region_name, endpoint_url, path_style or addressing == "path"
 
 
+S3_SIGNATURE = "s3v4"
+"""S3 clients sign SigV4 everywhere, presigned URLs included (botocore presigns SigV2 unless told)."""
+
+
 def build_s3_client(
     region: str | None = None,
     endpoint_url: str | None = None,
@@ -143,6 +147,7 @@ def build_s3_client(
     """
     config = Config(
         s3={"addressing_style": "path" if path_style else "auto"},
+        signature_version=S3_SIGNATURE,
         retries={"total_max_attempts": max_attempts, "mode": "standard"},
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
