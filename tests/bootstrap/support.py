@@ -28,6 +28,7 @@ from snapshot_assets.archive.writer import ArtifactWriter
 from snapshot_assets.bootstrap import Bootstrapper
 from snapshot_assets.config import parse_config
 from snapshot_assets.http_api import serve
+from snapshot_assets.launch import SubmitRun
 from snapshot_assets.pipeline.table import CommitReport, TablePipeline
 
 TABLE = "public.users"
@@ -105,7 +106,7 @@ class SourceArchive:
 
 
 @contextmanager
-def http_service(pipes: list[TablePipeline]) -> Iterator[str]:
+def http_service(pipes: list[TablePipeline], submit: SubmitRun | None = None) -> Iterator[str]:
     """`snapshotter serve`'s HTTP API (the real server) on a free port; its base URL."""
     stop, bound = threading.Event(), threading.Event()
     port: list[int] = []
@@ -116,7 +117,7 @@ def http_service(pipes: list[TablePipeline]) -> Iterator[str]:
 
     thread = threading.Thread(target=serve, kwargs={
         "collect": list, "tables": [p.name for p in pipes], "port": 0, "addr": "127.0.0.1", "stop": stop,
-        "on_listening": listening, "bootstrap": Bootstrapper(pipes)}, daemon=True)
+        "on_listening": listening, "bootstrap": Bootstrapper(pipes), "submit": submit}, daemon=True)
     thread.start()
     try:
         assert bound.wait(30), "the HTTP service did not start listening within 30 s"
@@ -126,9 +127,9 @@ def http_service(pipes: list[TablePipeline]) -> Iterator[str]:
         thread.join(30)
 
 
-def get_json(url: str) -> tuple[int, dict[str, Any]]:
+def get_json(url: str, method: str = "GET") -> tuple[int, dict[str, Any]]:
     try:
-        with urllib.request.urlopen(url, timeout=30) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=120) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())

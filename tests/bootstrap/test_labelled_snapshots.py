@@ -30,7 +30,7 @@ from snapshot_assets.tables import INGEST_TABLE_TAG
 pytestmark = pytest.mark.slow
 
 TABLE = "public.users"
-GENERATOR = {"seed": 13, "rows": 40}
+GENERATOR: dict[str, Any] = {"seed": 13, "rows": 40}
 
 
 @pytest.fixture
@@ -98,3 +98,54 @@ def test_the_first_and_the_labelled_snapshots_are_pinned(tmp_path: Path, instanc
     source = GeneratorSubscriber(TABLE, **GENERATOR, changes=40)
     expected = source.table_at(labelled.to_position)
     assert same_rows({typed_key(r, ("id",)): r for r in rec.rows}, expected)  # type: ignore[arg-type]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fresh_tables() -> Iterator[None]:
+    """The code location's cached config and pipelines are this test's only while it runs."""
+    try:
+        yield
+    finally:
+        tables.config.cache_clear()
+        tables.pipeline.cache_clear()
+
+
+def test_post_snapshot_and_the_cli_submit_the_label_as_run_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   fresh_tables: None) -> None:
+    """`snapshotter snapshot --label` and `POST /snapshot?label=` create a queued force_snapshot run in the
+    $DAGSTER_HOME instance (no daemon runs it here) carrying the label in its run config."""
+    from snapshot_assets import cli
+    from snapshot_assets.launch import Launcher, workspace_origin
+    from snapshot_assets.pipeline.table import TablePipeline
+    from tests.bootstrap.support import get_json, http_service
+
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())  # the run queue: runs wait for a daemon
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.chdir(REPO)
+    conf, workspace = str(tmp_path / "snapshotter.conf"), str(REPO / "workspace.yaml")
+    monkeypatch.setenv("SNAPSHOTTER_CONFIG", conf)  # the CLI sets it too: restored after the test
+    _configure(tmp_path, 20)
+
+    assert cli.main(["snapshot", "--config", conf, "--table", "users", "--label", "v1", "--workspace", workspace]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{TABLE}: force_snapshot run ") and out.rstrip().endswith("pinned as 'v1'")
+    first = out.split("force_snapshot run ", 1)[1].split()[0]
+
+    with dg.DagsterInstance.get() as inst, Launcher(inst, workspace_origin(Path(workspace))) as launcher:
+        with http_service([TablePipeline(tables.config().table(TABLE))],
+                          submit=launcher.submit) as service:
+            code, body = get_json(f"{service}/snapshot?table={TABLE}&label=v2", method="POST")
+        assert code == 200, body
+        (second,) = [r["run_id"] for r in body["runs"]]
+        for run_id, label in ((first, "v1"), (second, "v2")):
+            run = inst.get_run_by_id(run_id)
+            assert run is not None and run.job_name == FORCE_SNAPSHOT_JOB
+            assert run.run_config == {"ops": {"snapshot": {"config": {"label": label}}}}
+            assert run.tags["dagster/partition"] == TABLE
+            assert run.status == dg.DagsterRunStatus.QUEUED
