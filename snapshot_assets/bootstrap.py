@@ -75,7 +75,7 @@ def answer(dest: Destination, key_prefix: str, position: str | None, expires_s: 
            cmp: Comparator = compare_lsn, now: _dt.datetime | None = None) -> dict[str, Any]:
     """The bootstrap answer for a consumer at `position` (None: a new replica), from `dest`'s own
     manifest copy (the URLs name its objects). JSON-ready; see docs/operations.md for the schema."""
-    if position is not None and (parse_lsn(position) is None if cmp is compare_lsn else not position):
+    if position is not None and cmp is compare_lsn and parse_lsn(position) is None:
         raise PositionError(f"position {position!r} is not a PostgreSQL LSN (expected HI/LO in hex, e.g. 0/16B3748)")
     m = ArchiveReader(dest, key_prefix, cmp=cmp).load_manifest()
     if position is not None and m.head_position and cmp(position, m.head_position) > 0:

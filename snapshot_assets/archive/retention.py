@@ -107,10 +107,16 @@ def with_retired(m: Manifest, entries: Sequence[Retired]) -> Manifest:
 def commit_with_retention(current: Manifest, art: Artifact, retention: Retention, now: _dt.datetime) -> Retained:
     """`current` with `art` committed: the epoch window applied (pinned snapshots spared), what left
     recorded as retired, and every retired artifact whose grace is over dropped from the record."""
-    new = current.with_artifact(art, now=rfc3339(now), keep_epochs=retention.keep_epochs, spare=is_pinned)
+    new = current.with_artifact(art, now=rfc3339(now), keep_epochs=retention.keep_epochs, spare=_pinned_snapshot)
     kept = {a.identity for a in new.artifacts}
     left = [a for a in current.artifacts if a.identity not in kept]
     return expire(new, left, retention.grace, now)
+
+
+def _pinned_snapshot(art: Artifact) -> bool:
+    """Spared by retention: a pinned snapshot (a pin on a diff, from a hand-edited manifest, spares
+    nothing: a diff kept without the artifacts before it would break the chain)."""
+    return art.is_snapshot and is_pinned(art)
 
 
 def expire(m: Manifest, leaving: Sequence[Artifact], grace: _dt.timedelta, now: _dt.datetime) -> Retained:

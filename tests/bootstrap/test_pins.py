@@ -17,6 +17,7 @@ from snapshot_assets.archive.pins import ORIGIN_INITIAL, ORIGIN_USER, pin_of, pi
 from snapshot_assets.archive.positions import compare_lsn
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.retention import parse_time, retired_of
+from snapshot_assets.archive.verify import verify_archive
 from snapshot_assets.pipeline.commit import artifact_object_keys
 from snapshot_assets.pipeline.table import TablePipeline
 from snapshot_assets.restore_points import pin, unpin
@@ -83,6 +84,7 @@ def test_only_pinned_snapshots_survive_many_rebases_and_stay_readable(archive: S
         assert rec is not None and rec.position == art.to_position
         assert {r["id"]: r for r in rec.rows} == archive.at[art.to_position]
     assert snapshot_labelled(m, "before-migration").epoch == 2
+    assert verify_archive(reader, deep=True) == []  # `snapshotter verify` and the asset check agree
 
 
 def test_unpinning_lets_the_next_commit_prune_after_the_grace(archive: SourceArchive) -> None:
