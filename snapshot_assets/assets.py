@@ -27,6 +27,7 @@ from snapshot_assets.archive.manifest import Artifact
 from snapshot_assets.archive.pins import pin_of
 from snapshot_assets.archive.positions import comparator
 from snapshot_assets.archive.reader import ArchiveReader
+from snapshot_assets.archive.retention import retired_of
 from snapshot_assets.archive.verify import verify_archive
 from snapshot_assets.handoff import settled, unsettled
 from snapshot_assets.metrics import table_metadata
@@ -153,6 +154,7 @@ def manifest(context: dg.AssetExecutionContext, snapshot: Artifact | None, diff:
         "cas_retries": report.commit.cas_retries,
         "brought_forward": ", ".join(report.commit.brought_forward) or "none",
         "pruned_artifacts": len(report.commit.pruned),
+        "retired_artifacts": len(retired_of(m)),  # out of the manifest, objects kept for retention.grace
         "orphans_collected": report.orphans,
         "events_delivered": report.delivery.delivered,
         "outbox_depth": report.delivery.pending,

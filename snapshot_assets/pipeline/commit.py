@@ -45,7 +45,7 @@ class CommitResult:
     manifest: Manifest
     artifact: Artifact
     already_committed: bool = False
-    pruned: list[Artifact] = field(default_factory=list)
+    pruned: list[Artifact] = field(default_factory=list)  # retired and past retention.grace: delete their objects
     brought_forward: list[str] = field(default_factory=list)
     cas_retries: int = 0
 
