@@ -514,6 +514,7 @@ COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cm
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
             "serve": cmd_serve, "serve-metrics": cmd_serve, "spark": cmd_spark, "capture-serve": cmd_capture_serve,
             "replay": cmd_replay}
+
 COMMANDS.update({"bootstrap": cmd_bootstrap, "snapshot": cmd_snapshot, "pin": cmd_pin, "unpin": cmd_pin})
 
 

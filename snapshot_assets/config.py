@@ -176,9 +176,9 @@ class TableConfig:
     events: tuple[Mapping[str, Any], ...]
     buffer: BufferConfig
     credentials: Mapping[str, CredentialProfile] = field(default_factory=dict)  # the profiles specs may name
+    retention_grace: _dt.timedelta = DEFAULT_GRACE  # retention.grace: how long a pruned object outlives its commit
     retry: RetryConfig = field(default_factory=RetryConfig)
     bucket_bytes: int = DEFAULT_BUCKET_BYTES  # state { bucket_size }: the jsonl bytes a state bucket aims at
-    retention_grace: _dt.timedelta = DEFAULT_GRACE  # retention.grace: how long a pruned object outlives its commit
 
     @property
     def name(self) -> str:
