@@ -145,9 +145,13 @@ class RestoreConfig(dg.Config):
 
 
 @dg.op(description="Write the table as of a pinned snapshot or a position from the archive into PostgreSQL.")
-def restore_into_postgres(context: dg.OpExecutionContext, config: RestoreConfig, spark: SparkResource,
-                          destinations: DestinationsResource, event_sinks: EventSinksResource) -> dg.Output[int]:
-    from snapshot_assets.restore.run import fixed_session, restore_table
+def restore_into_postgres(context: dg.OpExecutionContext, config: RestoreConfig, destinations: DestinationsResource,
+                          event_sinks: EventSinksResource) -> dg.Output[int]:
+    """Spark is opened (from the configuration's `spark` block) only when the table is larger than
+    `stream_max_rows`: a small restore does not wait for a session it would not use, which the
+    `spark` resource, set up before the op starts, would make it do."""
+    from snapshot_assets import tables
+    from snapshot_assets.restore.run import restore_table, spark_from_config
 
     if bool(config.label) == bool(config.position):
         raise dg.Failure("restore needs exactly one of `label` (a pinned snapshot) and `position`")
@@ -156,7 +160,7 @@ def restore_into_postgres(context: dg.OpExecutionContext, config: RestoreConfig,
         result = restore_table(pipe.destinations[0], pipe.cfg.key_prefix, into=config.into,
                                label=config.label or None, position=config.position or None,
                                target_table=config.target_table or None, replace=config.replace,
-                               stream_max_rows=config.stream_max_rows, spark=fixed_session(spark.spark_session),
+                               stream_max_rows=config.stream_max_rows, spark=spark_from_config(tables.config().spark),
                                cmp=pipe.cmp, fallback_key=pipe.cfg.key_fields)
     except RestoreError as e:
         raise dg.Failure(str(e)) from None
