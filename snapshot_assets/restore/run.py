@@ -17,6 +17,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final
 
+import psycopg2
+
 from resources.destinations.base import Destination
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.positions import Comparator, compare_lsn
@@ -25,7 +27,7 @@ from snapshot_assets.config import SparkConfig
 from snapshot_assets.restore.errors import RestoreError
 from snapshot_assets.restore.point import RestorePoint, restore_point
 from snapshot_assets.restore.stream import stream_copy
-from snapshot_assets.restore.target import TableName, Target
+from snapshot_assets.restore.target import TableName, Target, pg_error
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,9 @@ def restore_table(dest: Destination, key_prefix: str, *, into: str, label: str |
             else:
                 rows = stream_copy(target.conn, staging, specs, reader, point.plan)
             target.swap_in(staging, point.key_fields, replace=replace)
+        except psycopg2.Error as exc:
+            _drop_quietly(target, staging)
+            raise RestoreError(f"writing {name} failed: {pg_error(exc)}") from None
         except BaseException:
             _drop_quietly(target, staging)
             raise

@@ -10,7 +10,6 @@ swaps the staging table in only when every task committed (`run.py`).
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ from snapshot_assets.restore.target import TableName, connect, copy_into
 from snapshot_assets.spark.effects import decode_row
 
 _COUNT_DDL = "rows BIGINT"
-_PYTHON_ERROR = re.compile(r"^\s*([\w.]*(?:Error|Exception)): (.+)$")
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 def _copy_task(batches: Iterable[Any], dsn: str, staging: TableName, specs: tuple[tuple[str, str], ...]
@@ -61,7 +60,13 @@ def spark_copy(table: DataFrame, dsn: str, staging: TableName, specs: Sequence[t
 
 
 def task_error(exc: BaseException) -> str:
-    """The Python error a Spark task died of (its last `SomeError: message` line), else the first line."""
-    lines = str(exc).splitlines()
-    found = [m.group(1).rsplit(".", 1)[-1] + ": " + m.group(2) for line in lines if (m := _PYTHON_ERROR.match(line))]
-    return found[-1] if found else (lines[0] if lines else type(exc).__name__)
+    """The Python error a Spark task died of (the unindented line after the worker's last traceback,
+    e.g. `NumericValueOutOfRange: value ... is out of range for type smallint`), else the first line."""
+    text = str(exc)
+    _, marker, tail = text.rpartition(_TRACEBACK)
+    for line in tail.splitlines() if marker else ():
+        if line.strip() and not line[0].isspace():
+            name, _, message = line.partition(": ")
+            return f"{name.rsplit('.', 1)[-1]}: {message}" if message else line
+    lines = text.splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -65,6 +65,15 @@ class TableName:
         return f"{self.schema}.{self.name}"
 
 
+def pg_error(exc: BaseException) -> str:
+    """A PostgreSQL error in one line: its message and, when there is one, where (`COPY t, line 2, column c`)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    context = next((line.removeprefix("CONTEXT:").strip() for line in lines if line.startswith("CONTEXT:")), "")
+    return f"{lines[0]} ({context})" if context else lines[0]
+
+
 def connect(dsn: str) -> Connection:
     """A connection to the target database under the source's session settings (the same text
     forms the archive's values were read in); a RestoreError naming what is wrong otherwise."""
@@ -75,8 +84,7 @@ def connect(dsn: str) -> Connection:
     try:
         conn = psycopg2.connect(dsn)
     except psycopg2.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RestoreError(f"cannot connect to the target database: {redact(first)}") from None
+        raise RestoreError(f"cannot connect to the target database: {redact(pg_error(exc))}") from None
     conn.autocommit = True
     with conn.cursor() as cur:
         for name, value in pgtypes.SESSION_SETTINGS.items():
@@ -207,8 +215,7 @@ class Target:
                 cur.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
                     staging.ident, sql.Identifier(staging_key), sql.SQL(", ").join(map(sql.Identifier, key_fields))))
             except psycopg2.errors.UniqueViolation as exc:
-                raise RestoreError(f"the restored rows repeat a key of {list(key_fields)}: "
-                                   f"{str(exc).strip().splitlines()[-1]}") from None
+                raise RestoreError(f"the restored rows repeat a key of {list(key_fields)}: {pg_error(exc)}") from None
         self.conn.autocommit = False
         try:
             with self.conn.cursor() as cur:
@@ -224,8 +231,7 @@ class Target:
             self.conn.commit()
         except psycopg2.Error as exc:
             self.conn.rollback()
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RestoreError(f"cannot put the restored table in place of {self.name}: {first}") from None
+            raise RestoreError(f"cannot put the restored table in place of {self.name}: {pg_error(exc)}") from None
         except BaseException:
             self.conn.rollback()
             raise

@@ -18,7 +18,10 @@ import io
 import json
 import random
 import shutil
-from collections.abc import Iterator
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,14 +33,14 @@ import pytest
 from resources.destinations.local import LocalDestination
 from snapshot_assets import cli, tables
 from snapshot_assets.archive.keys import manifest_key
-from snapshot_assets.archive.manifest import Manifest, loads, rfc3339
+from snapshot_assets.archive.manifest import loads, rfc3339
 from snapshot_assets.archive.pins import ORIGIN_INITIAL, Pin, pin_of, with_pin
 from snapshot_assets.archive.positions import parse_lsn
 from snapshot_assets.restore.errors import RestoreError
-from snapshot_assets.restore.point import table_columns
 from snapshot_assets.restore.run import RestoreResult, fixed_session, restore_table
 from snapshot_assets.restore.target import TableName, Target
 from snapshot_assets.spark.connect_server import stop_local_connect_server
+from tests.e2e.conftest import e2e_env
 from tests.e2e.test_postgres_rounds import run_once
 from tests.pg.conftest import PgCluster
 
@@ -65,9 +68,6 @@ class Archived:
 
     def destination(self) -> LocalDestination:
         return LocalDestination(self.archive)
-
-    def manifest(self) -> Manifest:
-        return loads((self.archive / manifest_key(f"{SOURCE}/")).read_bytes())
 
 
 def _row(rng: random.Random, tenant: str, ident: int) -> tuple[Any, ...]:
@@ -308,28 +308,59 @@ def test_a_failure_midway_leaves_nothing_behind(archived: Archived, target_db: A
     broken = _broken_copy(archived, tmp_path, "big", "smallint")
     kw: dict[str, Any] = {"into": archived.dsn, "position": archived.last, "stream_max_rows": stream_max_rows,
                           "spark": fixed_session(spark)}
-    with pytest.raises((RestoreError, psycopg2.Error), match="out of range for type smallint"):
+    with pytest.raises(RestoreError, match="out of range for type smallint"):
         restore_table(broken, f"{SOURCE}/", target_table="r_failed", **kw)
     assert not _exists(target_db, "r_failed") and staging_tables(target_db) == []
     # with --replace, the old table stays as it was
     restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, label=LABEL, target_table="r_kept")
-    with pytest.raises((RestoreError, psycopg2.Error), match="out of range for type smallint"):
+    with pytest.raises(RestoreError, match="out of range for type smallint"):
         restore_table(broken, f"{SOURCE}/", target_table="r_kept", replace=True, **kw)
     assert_restored(target_db, "r_kept", "oracle_initial")
     assert staging_tables(target_db) == []
 
 
-def test_a_killed_restores_staging_table_is_dropped_by_the_next(archived: Archived, target_db: Any) -> None:
-    # what a killed restore leaves: a committed staging table marked for its target, its session gone
-    m = archived.manifest()
-    with Target(archived.dsn, TableName("public", "r_after_crash")) as crashed:
-        leftover = crashed.create_staging(table_columns(m))
-    assert staging_tables(target_db) == [leftover.name]
+def _wait(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_a_restore_killed_before_its_swap_changes_nothing(archived: Archived, target_db: Any,
+                                                          pg_cluster: PgCluster) -> None:
+    """kill -9 of `snapshotter restore --replace` while its swap waits for the old table: the old table
+    stays, the staging table is left behind, and the next restore of the target drops it."""
+    restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, label=LABEL, target_table="r_crash")
+    holder = pg_cluster.connect()
+    holder.autocommit = False
+    holder.cursor().execute("LOCK TABLE r_crash IN ACCESS EXCLUSIVE MODE")  # the swap's DROP waits for it
+    command = [str(Path(sys.executable).with_name("snapshotter")), "restore", "--config", str(archived.config),
+               "--table", SOURCE, "--into", archived.dsn, "--at", archived.last, "--target-table", "r_crash",
+               "--replace"]
+    proc = subprocess.Popen(command, env=e2e_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait(lambda: proc.poll() is not None or _one(
+            target_db, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+            "DROP TABLE %r_crash%") == 1, "the restore's swap to wait for the lock")
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        (leftover,) = staging_tables(target_db)  # loaded in full, not yet swapped
+        proc.kill()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        holder.rollback()
+        holder.close()
+    _wait(lambda: _one(target_db, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
+                       0x5E570) == 0, "the killed restore's session to end")
+    assert_restored(target_db, "r_crash", "oracle_initial")  # the old table, untouched
+    assert staging_tables(target_db) == [leftover]
     result: RestoreResult = restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn,
-                                          position=archived.mid, target_table="r_after_crash")
-    assert result.cleaned == (str(leftover),)
+                                          position=archived.mid, target_table="r_crash", replace=True)
+    assert result.cleaned == (f"public.{leftover}",)
     assert staging_tables(target_db) == []
-    assert_restored(target_db, "r_after_crash", "oracle_mid")
+    assert_restored(target_db, "r_crash", "oracle_mid")
 
 
 def test_a_second_restore_of_the_same_target_is_refused(archived: Archived, target_db: Any) -> None:
