@@ -50,8 +50,8 @@ class TableName:
     @classmethod
     def parse(cls, text: str, default_schema: str = "public") -> TableName:
         """`name` or `schema.name` (unquoted; a dot splits schema from name)."""
-        schema, _, name = text.rpartition(".")
-        schema = schema or default_schema
+        schema, dot, name = text.rpartition(".")
+        schema = schema or ("" if dot else default_schema)
         for part in (schema, name):
             if not part or len(part.encode()) > _MAX_IDENTIFIER:
                 raise RestoreError(f"{text!r} is not a table name (schema.name, each part 1-{_MAX_IDENTIFIER} bytes)")
