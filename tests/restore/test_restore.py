@@ -274,6 +274,19 @@ def test_restore_through_spark_tasks(archived: Archived, target_db: Any, spark: 
     assert_restored(target_db, "r_spark_mid", "oracle_mid")
 
 
+def test_the_command_line_restores_through_spark(archived: Archived, target_db: Any) -> None:
+    """`snapshotter restore` as its own process, above the threshold: the configuration's Spark (the
+    local Spark Connect server the runs started), whose tasks COPY."""
+    command = [str(Path(sys.executable).with_name("snapshotter")), "restore", "--config", str(archived.config),
+               "--table", SOURCE, "--into", archived.dsn, "--at", archived.last, "--target-table", "r_cli_spark",
+               "--stream-max-rows", "0"]
+    done = subprocess.run(command, cwd=archived.config.parent, env=e2e_env(), capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"at {archived.last}:" in done.stdout and "(spark)" in done.stdout, done.stdout
+    assert_restored(target_db, "r_cli_spark", "oracle_last")
+
+
 # --- replace, atomicity, leftovers, concurrency -------------------------------------------------------
 
 
