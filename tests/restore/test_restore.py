@@ -47,7 +47,7 @@ from tests.pg.conftest import PgCluster
 pytestmark = pytest.mark.slow
 
 SOURCE = "restore_src"
-LABEL = "go-live"
+LABEL = "go-live"  # the initial snapshot's label, unless the pipeline labelled it itself
 _DEFINITION = """
   tenant text NOT NULL, id bigint NOT NULL, big bigint, amount numeric, doc jsonb, at timestamptz, blob bytea,
   note text, score double precision, tags text[], PRIMARY KEY (tenant, id)
@@ -62,7 +62,8 @@ class Archived:
     config: Path
     archive: Path
     dsn: str
-    initial: str  # the pinned initial snapshot's position
+    label: str  # the pinned initial snapshot's label
+    initial: str  # its position
     mid: str  # the first diff's end
     last: str  # the second diff's end (the head)
 
@@ -118,15 +119,17 @@ snapshotter {{
 """)
 
 
-def _pin_initial(archive: Path) -> None:
-    """Pin the initial snapshot with LABEL unless the pipeline pinned it with a label already."""
+def _pin_initial(archive: Path) -> str:
+    """The label of the pinned initial snapshot: the pipeline's, or LABEL pinned here (manifest rewrite)."""
     path = archive / manifest_key(f"{SOURCE}/")
     m = loads(path.read_bytes())
     first = next(m.snapshots())
-    if pin_of(first) is None or not pin_of(first).label:  # type: ignore[union-attr]
-        pin = Pin(label=LABEL, pinned_at=rfc3339(dt.datetime.now(dt.UTC)), origin=ORIGIN_INITIAL)
-        arts = tuple(with_pin(a, pin) if a is first else a for a in m.artifacts)
-        path.write_bytes(replace(m, artifacts=arts).dumps())
+    pinned = pin_of(first)
+    if pinned is not None and pinned.label:
+        return pinned.label
+    pin = Pin(label=LABEL, pinned_at=rfc3339(dt.datetime.now(dt.UTC)), origin=ORIGIN_INITIAL)
+    path.write_bytes(replace(m, artifacts=tuple(with_pin(a, pin) if a is first else a for a in m.artifacts)).dumps())
+    return LABEL
 
 
 @pytest.fixture(scope="module")
@@ -157,11 +160,11 @@ def archived(pg_cluster: PgCluster, tmp_path_factory: pytest.TempPathFactory) ->
             cur.execute(f"UPDATE {SOURCE} SET doc = '{{\"after\": 1}}', note = NULL WHERE tenant = 'initech'")
         _snapshot_source(conn, "oracle_last")
         run_once(config, work, log)
-        _pin_initial(work / "archive")
+        label = _pin_initial(work / "archive")
         m = loads((work / "archive" / manifest_key(f"{SOURCE}/")).read_bytes())
         kinds = [a.kind for a in m.artifacts]
         assert kinds == ["snapshot", "diff", "diff"], kinds
-        yield Archived(config, work / "archive", pg_cluster.dsn(), m.artifacts[0].to_position,
+        yield Archived(config, work / "archive", pg_cluster.dsn(), label, m.artifacts[0].to_position,
                        m.artifacts[1].to_position, m.artifacts[2].to_position)
     finally:
         stop_local_connect_server(work / ".snapshotter" / "spark-connect")
@@ -243,9 +246,9 @@ def _lsn_after(position: str, delta: int) -> str:
 
 
 def test_restore_streams_the_pinned_snapshot_and_positions(archived: Archived, target_db: Any) -> None:
-    code, out = _cli(archived, "--label", LABEL, "--target-table", "r_label")
+    code, out = _cli(archived, "--label", archived.label, "--target-table", "r_label")
     assert code == 0, out
-    assert f"label {LABEL!r} ({archived.initial})" in out and "(stream)" in out
+    assert f"label {archived.label!r} ({archived.initial})" in out and "(stream)" in out
     assert_restored(target_db, "r_label", "oracle_initial")
 
     assert _cli(archived, "--at", archived.mid, "--target-table", "public.r_mid")[0] == 0
@@ -263,9 +266,9 @@ def test_restore_streams_the_pinned_snapshot_and_positions(archived: Archived, t
 
 def test_restore_through_spark_tasks(archived: Archived, target_db: Any, spark: Any) -> None:
     common: dict[str, Any] = {"into": archived.dsn, "stream_max_rows": 0, "spark": fixed_session(spark)}
-    by_label = restore_table(archived.destination(), f"{SOURCE}/", label=LABEL, target_table="r_spark_label",
+    by_label = restore_table(archived.destination(), f"{SOURCE}/", label=archived.label, target_table="r_spark_label",
                              **common)
-    assert (by_label.path, by_label.position, by_label.label) == ("spark", archived.initial, LABEL)
+    assert (by_label.path, by_label.position, by_label.label) == ("spark", archived.initial, archived.label)
     assert_restored(target_db, "r_spark_label", "oracle_initial")
     at_mid = restore_table(archived.destination(), f"{SOURCE}/", position=archived.mid, target_table="r_spark_mid",
                            **common)
@@ -291,7 +294,7 @@ def test_the_command_line_restores_through_spark(archived: Archived, target_db: 
 
 
 def test_replace_swaps_the_table_in_one_transaction(archived: Archived, target_db: Any) -> None:
-    assert _cli(archived, "--label", LABEL, "--target-table", "r_swap")[0] == 0
+    assert _cli(archived, "--label", archived.label, "--target-table", "r_swap")[0] == 0
     with pytest.raises(RestoreError, match=r"table public.r_swap exists in the target database.*--replace"):
         restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, position=archived.last,
                       target_table="r_swap")
@@ -325,7 +328,7 @@ def test_a_failure_midway_leaves_nothing_behind(archived: Archived, target_db: A
         restore_table(broken, f"{SOURCE}/", target_table="r_failed", **kw)
     assert not _exists(target_db, "r_failed") and staging_tables(target_db) == []
     # with --replace, the old table stays as it was
-    restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, label=LABEL, target_table="r_kept")
+    restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, label=archived.label, target_table="r_kept")
     with pytest.raises(RestoreError, match="out of range for type smallint"):
         restore_table(broken, f"{SOURCE}/", target_table="r_kept", replace=True, **kw)
     assert_restored(target_db, "r_kept", "oracle_initial")
@@ -344,7 +347,7 @@ def test_a_restore_killed_before_its_swap_changes_nothing(archived: Archived, ta
                                                           pg_cluster: PgCluster) -> None:
     """kill -9 of `snapshotter restore --replace` while its swap waits for the old table: the old table
     stays, the staging table is left behind, and the next restore of the target drops it."""
-    restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, label=LABEL, target_table="r_crash")
+    restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, label=archived.label, target_table="r_crash")
     holder = pg_cluster.connect()
     holder.autocommit = False
     holder.cursor().execute("LOCK TABLE r_crash IN ACCESS EXCLUSIVE MODE")  # the swap's DROP waits for it
@@ -379,7 +382,8 @@ def test_a_restore_killed_before_its_swap_changes_nothing(archived: Archived, ta
 def test_a_second_restore_of_the_same_target_is_refused(archived: Archived, target_db: Any) -> None:
     with (Target(archived.dsn, TableName("public", "r_busy")),
           pytest.raises(RestoreError, match=r"another restore of public\.r_busy is running")):
-        restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, label=LABEL, target_table="r_busy")
+        restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, label=archived.label,
+                      target_table="r_busy")
     assert not _exists(target_db, "r_busy")
 
 
@@ -390,7 +394,7 @@ def test_bad_input_is_named(archived: Archived, target_db: Any, pg_cluster: PgCl
                             capsys: pytest.CaptureFixture[str]) -> None:
     cases = [
         (["--label", "nope", "--target-table", "r_bad"],
-         f"has no snapshot labelled 'nope'; labels: {LABEL}"),
+         f"has no snapshot labelled 'nope'; labels: {archived.label}"),
         (["--at", "0/1", "--target-table", "r_bad"],
          f"cannot restore position 0/1: its first snapshot is at {archived.initial}"),
         (["--at", "yesterday", "--target-table", "r_bad"], "'yesterday' is not a PostgreSQL LSN"),
@@ -408,16 +412,16 @@ def test_bad_input_is_named(archived: Archived, target_db: Any, pg_cluster: PgCl
                          (wrong_password, "cannot connect to the target database: "),
                          (pg_cluster.dsn(port=1), "cannot connect to the target database: ")):
         code = cli.main(["restore", "--config", str(archived.config), "--table", SOURCE, "--into", dsn,
-                         "--label", LABEL, "--target-table", "r_bad"], out=io.StringIO())
+                         "--label", archived.label, "--target-table", "r_bad"], out=io.StringIO())
         err = capsys.readouterr().err
         assert code == 1 and message in err and "not-the-password" not in err, err
     code = cli.main(["restore", "--config", str(archived.config), "--table", "public.missing", "--into",
-                     archived.dsn, "--label", LABEL], out=io.StringIO())
+                     archived.dsn, "--label", archived.label], out=io.StringIO())
     assert code == 1 and "no table 'public.missing'" in capsys.readouterr().err
     # a type the target database does not know is named before anything is created
     unknown = _broken_copy(archived, tmp_path, "doc", "mood_that_is_not_there")
     with pytest.raises(RestoreError, match="column 'doc' has type 'mood_that_is_not_there'"):
-        restore_table(unknown, f"{SOURCE}/", into=archived.dsn, label=LABEL, target_table="r_bad")
+        restore_table(unknown, f"{SOURCE}/", into=archived.dsn, label=archived.label, target_table="r_bad")
     assert not _exists(target_db, "r_bad") and staging_tables(target_db) == []
 
 
