@@ -299,6 +299,16 @@ def test_replace_swaps_the_table_in_one_transaction(archived: Archived, target_d
         restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, position=archived.last,
                       target_table="r_swap")
     assert_restored(target_db, "r_swap", "oracle_initial")  # untouched
+    # a view on the old table: its DROP fails inside the swap transaction, so nothing changes
+    with target_db.cursor() as cur:
+        cur.execute("CREATE VIEW r_swap_view AS SELECT tenant, id FROM r_swap")
+    with pytest.raises(RestoreError, match=r"cannot put the restored table in place of public\.r_swap: .*depend"):
+        restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, position=archived.last,
+                      target_table="r_swap", replace=True)
+    assert_restored(target_db, "r_swap", "oracle_initial")
+    assert staging_tables(target_db) == []
+    with target_db.cursor() as cur:
+        cur.execute("DROP VIEW r_swap_view")
     result = restore_table(archived.destination(), f"{SOURCE}/", into=archived.dsn, position=archived.last,
                            target_table="r_swap", replace=True)
     assert result.replaced
