@@ -31,6 +31,7 @@ from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.verify import verify_archive
 from snapshot_assets.config import load_config
 from snapshot_assets.redaction import install_log_redaction, redact
+from snapshot_assets.restore.run import DEFAULT_STREAM_MAX_ROWS
 
 if TYPE_CHECKING:
     from resources.capture.settings import CaptureSettings
@@ -91,6 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated key columns the rows are folded by (default: laredo's id)")
     rec.add_argument("--at", help="source position to rebuild at (default: the head)")
     rec.add_argument("--output", choices=("json", "jsonl"), default="json")
+
+    res = sub.add_parser("restore", help="write the table as of a pinned snapshot or a position into PostgreSQL")
+    res.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+    res.add_argument("--table", required=True, help="the configured table whose archive is read")
+    point = res.add_mutually_exclusive_group(required=True)
+    point.add_argument("--label", help="the label of a pinned snapshot")
+    point.add_argument("--at", help="a source position: the table as of it")
+    res.add_argument("--into", required=True, help="the target database (libpq DSN, e.g. postgresql://...)")
+    res.add_argument("--target-table", help="[schema.]name to create (default: the archived table's name)")
+    res.add_argument("--replace", action="store_true", help="swap the restored table in place of an existing one")
+    res.add_argument("--stream-max-rows", type=int, default=DEFAULT_STREAM_MAX_ROWS,
+                     help="restore in one process up to this many rows (the manifest's counts), with Spark "
+                          "above (default: %(default)s)")
 
     ins = sub.add_parser("inspect", help="print the manifest as a readable table")
     _add_store_flags(ins)
@@ -228,6 +242,24 @@ def cmd_reconstruct(args: argparse.Namespace, out: TextIO) -> int:
         for i, row in enumerate(rec.rows):
             out.write(("," if i else "") + marshal(row).decode())
         out.write("]}\n")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.pipeline.table import TablePipeline
+    from snapshot_assets.restore.run import restore_table, spark_from_config
+
+    config = load_config(args.config)
+    try:
+        table = config.table(args.table)
+    except KeyError as e:
+        raise CliError(str(e.args[0])) from None
+    pipe = TablePipeline(table)
+    result = restore_table(pipe.destinations[0], table.key_prefix, into=args.into, label=args.label,
+                           position=args.at, target_table=args.target_table, replace=args.replace,
+                           stream_max_rows=args.stream_max_rows,
+                           spark=spark_from_config(config.spark), cmp=pipe.cmp, fallback_key=table.key_fields)
+    out.write(result.describe() + "\n")
     return 0
 
 
@@ -511,6 +543,7 @@ def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
 
 
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
+            "restore": cmd_restore,
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
             "serve": cmd_serve, "serve-metrics": cmd_serve, "spark": cmd_spark, "capture-serve": cmd_capture_serve,
             "replay": cmd_replay}

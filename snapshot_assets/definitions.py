@@ -34,7 +34,7 @@ from snapshot_assets.capture.jobs import capture_reconcile_job, capture_reconcil
 from snapshot_assets.capture.observe import capture_pages_observer
 from snapshot_assets.capture.resource import CaptureResource
 from snapshot_assets.handoff import ArtifactIOManager
-from snapshot_assets.jobs import diff_job, force_snapshot, ingest_job, reconstruct_job, snapshot_job
+from snapshot_assets.jobs import diff_job, force_snapshot, ingest_job, reconstruct_job, restore, snapshot_job
 from snapshot_assets.redaction import install_log_redaction
 from snapshot_assets.tables import config
 
@@ -62,7 +62,7 @@ defs = dg.Definitions(
     assets=[change_buffer, snapshot, diff, manifest, capture_pages],
     asset_checks=[archive_is_sound, capture_index_matches_storage],
     jobs=[diff_job, snapshot_job, force_snapshot, ingest_job, reconstruct_job, verify_archive_job,
-          capture_reconcile_job],
+          capture_reconcile_job, restore],
     schedules=[capture_reconcile_schedule],
     sensors=[rebase_trigger, ingest_supervisor, outbox_retry, run_failure_alert, capture_pages_observer],
     resources=resources(),

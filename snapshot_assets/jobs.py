@@ -1,4 +1,4 @@
-"""Jobs: artifact runs (diff, snapshot, forced snapshot), the long-running ingest runs, reconstruct.
+"""Jobs: artifact runs (diff, snapshot, forced snapshot), the long-running ingest runs, reconstruct, restore.
 
 `force_snapshot` is what an operator launches from the UI or over GraphQL (`launchRun` /
 `DagsterGraphQLClient.submit_job_execution` with the table as the partition, tag
@@ -17,6 +17,8 @@ from resources.sinks_resource import EventSinksResource
 from resources.spark import SparkResource
 from resources.subscriber_resource import SubscriberResource
 from snapshot_assets.assets import diff, manifest, snapshot
+from snapshot_assets.restore.errors import RestoreError
+from snapshot_assets.restore.run import DEFAULT_STREAM_MAX_ROWS
 from snapshot_assets.run_history import INGEST_JOB
 from snapshot_assets.services import ingest_table as ingest_loop
 from snapshot_assets.services import run_ingest_service
@@ -126,3 +128,49 @@ def reconstruct_table(context: dg.OpExecutionContext, config: ReconstructConfig,
 @dg.job(description="Rebuild a table at a position from its archive (Spark) into a path.")
 def reconstruct_job() -> None:
     reconstruct_table()
+
+
+class RestoreConfig(dg.Config):
+    """Write a table as of a pinned snapshot (`label`) or a position into PostgreSQL (see
+    snapshot_assets/restore). Give `into` as `{env: VAR}` in the run config to keep the DSN's
+    password out of the run's stored config."""
+
+    table: str
+    label: str = ""
+    position: str = ""
+    into: str
+    target_table: str = ""
+    replace: bool = False
+    stream_max_rows: int = DEFAULT_STREAM_MAX_ROWS
+
+
+@dg.op(description="Write the table as of a pinned snapshot or a position from the archive into PostgreSQL.")
+def restore_into_postgres(context: dg.OpExecutionContext, config: RestoreConfig, destinations: DestinationsResource,
+                          event_sinks: EventSinksResource) -> dg.Output[int]:
+    """Spark is opened (from the configuration's `spark` block) only when the table is larger than
+    `stream_max_rows`: a small restore does not wait for a session it would not use, which the
+    `spark` resource, set up before the op starts, would make it do."""
+    from snapshot_assets import tables
+    from snapshot_assets.restore.run import restore_table, spark_from_config
+
+    if bool(config.label) == bool(config.position):
+        raise dg.Failure("restore needs exactly one of `label` (a pinned snapshot) and `position`")
+    pipe = table_pipeline(config.table, destinations, event_sinks)
+    try:
+        result = restore_table(pipe.destinations[0], pipe.cfg.key_prefix, into=config.into,
+                               label=config.label or None, position=config.position or None,
+                               target_table=config.target_table or None, replace=config.replace,
+                               stream_max_rows=config.stream_max_rows, spark=spark_from_config(tables.config().spark),
+                               cmp=pipe.cmp, fallback_key=pipe.cfg.key_fields)
+    except RestoreError as e:
+        raise dg.Failure(str(e)) from None
+    context.log.info(result.describe())
+    return dg.Output(result.rows, metadata={
+        "position": result.position, "label": result.label or "", "target": result.target,
+        "rows": dg.MetadataValue.int(result.rows), "path": result.path, "replaced": result.replaced,
+        "seconds": dg.MetadataValue.float(result.seconds)})
+
+
+@dg.job(description="Restore a table from its archive (a pinned snapshot or a position) into PostgreSQL.")
+def restore() -> None:
+    restore_into_postgres()

@@ -62,6 +62,20 @@ class PgType:
 
 TypeLookup = Callable[[int], "PgType | None"]
 
+#: How a `TypeLookup` describes an OID from the catalog (one parameter: the OID); `pg_type_of` reads
+#: its row. The source resolves the types it reads with it, a restore the types it writes.
+PG_TYPE_QUERY: Final = ("SELECT typname, typtype, typbasetype, "
+                        "CASE WHEN typcategory = 'A' AND typlen = -1 THEN typelem ELSE 0 END "
+                        "FROM pg_type WHERE oid = %s")
+
+
+def pg_type_of(oid: int, row: tuple[Any, ...] | None) -> PgType | None:
+    """The `PgType` of a `PG_TYPE_QUERY` answer row (None: no such type)."""
+    if row is None:
+        return None
+    name, kind, base, element = row
+    return PgType(oid=oid, name=name, kind=kind, base_oid=base, element_oid=element)
+
 _FLOAT_SPECIALS: Final = frozenset({"NaN", "Infinity", "-Infinity"})
 _UTC_OFFSET = re.compile(r"([+-])(\d\d)(?::?(\d\d))?(?::?(\d\d))?$")
 

@@ -535,13 +535,8 @@ class PostgresSubscriber:
             raise SourceConfigError(self.name, f"publication {self.publication!r} leaves out columns {missing}")
 
     def _describe_type(self, oid: int) -> pgtypes.PgType | None:
-        rows = self._fetch("SELECT typname, typtype, typbasetype, "
-                           "CASE WHEN typcategory = 'A' AND typlen = -1 THEN typelem ELSE 0 END "
-                           "FROM pg_type WHERE oid = %s", (oid,))
-        if not rows:
-            return None
-        name, kind, base, element = rows[0]
-        return pgtypes.PgType(oid=oid, name=name, kind=kind, base_oid=base, element_oid=element)
+        rows = self._fetch(pgtypes.PG_TYPE_QUERY, (oid,))
+        return pgtypes.pg_type_of(oid, rows[0] if rows else None)
 
     def _schema(self, columns: Sequence[_CatalogColumn], key: Sequence[str]) -> TableSchema:
         ordinal = {name: i for i, name in enumerate(key, start=1)}

@@ -27,7 +27,7 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from snapshot_assets.archive.errors import MissingArtifact, PositionError
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.manifest import Artifact, Manifest
 from snapshot_assets.archive.positions import compare_lsn, parse_lsn
-from snapshot_assets.archive.reader import ArchiveReader, _is_marker, artifact_key, plan_as_of
+from snapshot_assets.archive.reader import ArchiveReader, ReplayPlan, _is_marker, artifact_key, plan_as_of
 from snapshot_assets.spark.assemble import empty_artifact
 from snapshot_assets.spark.bases import ArtifactBase, EmptyBase, local_path
 from snapshot_assets.spark.effects import (
@@ -139,6 +139,47 @@ def _publish(staging: Path, format_id: str, out_path: Path) -> tuple[Path, ...]:
     return tuple(published)
 
 
+@dataclass(frozen=True, slots=True)
+class TableFrame:
+    """The table as of `position` (the last boundary included) as a STATE_DDL (key, row) DataFrame.
+
+    `release` frees what the frame's plan cached (the diff effects); call it once the frame was
+    consumed."""
+
+    position: str
+    diffs: int
+    frame: DataFrame
+    release: Callable[[], None]
+
+
+def reconstruct_frame(spark: SparkSession, reader: ArchiveReader, plan: ReplayPlan, *,
+                      partitions: int | None = None) -> TableFrame:
+    """The table a plan (a snapshot and the diffs chained after it) rebuilds, as a DataFrame: the
+    one fold every consumer of a reconstruction shares (a folder of parts, a restore)."""
+    if plan.snapshot is None:
+        raise ValueError("a reconstruction starts from a snapshot")
+    fields = tuple(reader.key_fields)
+    format_id, paths = artifact_files(reader, plan.snapshot)
+    base = ArtifactBase(tuple(paths), format_id, plan.snapshot.to_position).frame(spark, fields)
+    if not plan.diffs:
+        return TableFrame(plan.head_position, 0, base, lambda: None)
+    effects = _diff_effects(spark, reader, plan.diffs).persist()
+    try:
+        cut = effects.filter("key IS NULL").selectExpr("max(seq) AS t").collect()[0]["t"]
+        if cut is not None:
+            base = EmptyBase().frame(spark, fields)
+        live = effects.filter("key IS NOT NULL" if cut is None else f"key IS NOT NULL AND seq >= {int(cut)}")
+        net = net_changes(live, fields, truncated=cut is not None, partitions=partitions or default_partitions(spark))
+    except BaseException:
+        effects.unpersist()
+        raise
+
+    def release() -> None:
+        effects.unpersist()
+
+    return TableFrame(plan.head_position, len(plan.diffs), apply_net(base, net), release)
+
+
 def reconstruct_to_path(spark: SparkSession, reader: ArchiveReader, position: str | None, out_path: Path | str,
                         fmt: str = "parquet", *, manifest: Manifest | None = None,
                         partitions: int | None = None) -> Reconstructed | None:
@@ -156,24 +197,11 @@ def reconstruct_to_path(spark: SparkSession, reader: ArchiveReader, position: st
     plan = plan_as_of(m, at, reader.cmp)
     if plan is None or plan.snapshot is None:
         return None
-    fields = tuple(reader.key_fields)
-    format_id, paths = artifact_files(reader, plan.snapshot)
-    base = ArtifactBase(tuple(paths), format_id, plan.snapshot.to_position).frame(spark, fields)
-    if plan.diffs:
-        effects = _diff_effects(spark, reader, plan.diffs).persist()
-        try:
-            cut = effects.filter("key IS NULL").selectExpr("max(seq) AS t").collect()[0]["t"]
-            if cut is not None:
-                base = EmptyBase().frame(spark, fields)
-            live = effects.filter("key IS NOT NULL" if cut is None else f"key IS NOT NULL AND seq >= {int(cut)}")
-            net = net_changes(live, fields, truncated=cut is not None,
-                              partitions=partitions or default_partitions(spark))
-            result = _write(spark, apply_net(base, net), Path(out_path), fmt, fields)
-        finally:
-            effects.unpersist()
-    else:
-        result = _write(spark, base, Path(out_path), fmt, fields)
-    parts, rows = result
+    table = reconstruct_frame(spark, reader, plan, partitions=partitions)
+    try:
+        parts, rows = _write(spark, table.frame, Path(out_path), fmt, tuple(reader.key_fields))
+    finally:
+        table.release()
     done = Reconstructed(plan.head_position, rows, fmt, Path(out_path), parts, time.monotonic() - started)
     log.info("reconstructed %s at %s (%d diffs): %d rows as %s in %.2fs", m.table, plan.head_position,
              len(plan.diffs), rows, fmt, done.seconds)
