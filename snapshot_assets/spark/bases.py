@@ -273,8 +273,9 @@ def _jsonl_lines(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterato
         yield _state_batch(_keyed_lines(batch.column("value").to_pylist(), key_fields))
 
 
-def _open(path: str, s3: S3Connection | None) -> Any:
-    """A file of an artifact: a local path, or an object a task reads from S3 itself."""
+def open_file(path: str, s3: S3Connection | None) -> Any:
+    """A file of an artifact: a local path, or an object a task reads from S3 itself (a raw Arrow
+    stream: wrap it in `io.BufferedReader` to read lines)."""
     return input_file(path, s3) if is_s3(path) else open(path, "rb")
 
 
@@ -283,7 +284,7 @@ def _snapshot_files(batches: Iterable[Any], format_id: str, key_fields: tuple[st
     fmt = get_format(format_id)
     for batch in batches:
         for path in batch.column("path").to_pylist():
-            with _open(path, s3) as src:
+            with open_file(path, s3) as src:
                 if format_id == "jsonl":  # an object in S3: its lines, streamed
                     lines = io.TextIOWrapper(io.BufferedReader(src), encoding="utf-8")
                     while chunk := list(itertools.islice(lines, 4096)):

@@ -22,6 +22,7 @@ DuckDB read; a parquet output always holds at least one (possibly empty) file.
 from __future__ import annotations
 
 import functools
+import io
 import json
 import logging
 import shutil
@@ -34,14 +35,16 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive.changes import Action
 from snapshot_assets.archive.errors import MissingArtifact, PositionError
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.manifest import Artifact, Manifest
 from snapshot_assets.archive.positions import compare_lsn, parse_lsn
 from snapshot_assets.archive.reader import ArchiveReader, ReplayPlan, _is_marker, artifact_key, plan_as_of
+from snapshot_assets.counters import unwrap
 from snapshot_assets.spark.assemble import empty_artifact
-from snapshot_assets.spark.bases import ArtifactBase, EmptyBase, local_path
+from snapshot_assets.spark.bases import ArtifactBase, EmptyBase, local_path, open_file
 from snapshot_assets.spark.effects import (
     EFFECT_DDL,
     EffectRow,
@@ -53,6 +56,7 @@ from snapshot_assets.spark.effects import (
     truncate_effect,
 )
 from snapshot_assets.spark.parts import collect_parts, encode_snapshot_parts
+from snapshot_assets.spark.remote_io import is_s3
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,8 @@ class Reconstructed:
 
 
 def artifact_files(reader: ArchiveReader, art: Artifact) -> tuple[str, list[str]]:
-    """(format id, local paths of the artifact's object or its folder's part files, in order)."""
+    """(format id, the artifact's object or its folder's part files, in order): local paths, or
+    `s3://` URIs that the tasks read with the destination's connection (`reader_connection`)."""
     fmt = reader.format_for(art)
     key = artifact_key(reader.key_prefix, art, fmt)
     try:
@@ -82,10 +87,17 @@ def artifact_files(reader: ArchiveReader, art: Artifact) -> tuple[str, list[str]
         keys = [o.key for o in reader.dest.list(key + "/") if not _is_marker(o.key)]
         if not keys:
             raise MissingArtifact(f"{art.describe()}: object missing: {reader.dest.uri(key)}") from None
-    return fmt.format_id, [local_path(reader.dest.uri(k)) for k in keys]
+    uris = [reader.dest.uri(k) for k in keys]
+    return fmt.format_id, [u if is_s3(u) else local_path(u) for u in uris]
 
 
-def _diff_task(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[Any]:
+def reader_connection(reader: ArchiveReader) -> S3Connection | None:
+    """The connection that signs the tasks' reads of the reader's objects (None: a local destination)."""
+    connection = getattr(unwrap(reader.dest), "connection", None)
+    return connection if isinstance(connection, S3Connection) else None
+
+
+def _diff_task(batches: Iterable[Any], key_fields: tuple[str, ...], s3: S3Connection | None) -> Iterator[Any]:
     for batch in batches:
         for index, format_id, paths in zip(*(batch.column(c).to_pylist() for c in ("diff", "format", "paths")),
                                            strict=True):
@@ -94,7 +106,8 @@ def _diff_task(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Iterator[
             rows: list[EffectRow] = []
             ordinal = 0
             for path in json.loads(paths):
-                with open(path, "rb") as src:
+                with open_file(path, s3) as raw:
+                    src = io.BufferedReader(raw) if is_s3(path) else raw
                     for change in fmt.read_diff(src):
                         ordinal += 1
                         if change.action is Action.TRUNCATE:
@@ -115,7 +128,7 @@ def _diff_effects(spark: SparkSession, reader: ArchiveReader, diffs: tuple[Artif
         format_id, paths = artifact_files(reader, art)
         listing.append((i, format_id, json.dumps(paths)))
     frame = spark.createDataFrame(listing, "diff BIGINT, format STRING, paths STRING").repartition(max(1, len(listing)))
-    func = functools.partial(_diff_task, key_fields=tuple(reader.key_fields))
+    func = functools.partial(_diff_task, key_fields=tuple(reader.key_fields), s3=reader_connection(reader))
     return frame.mapInArrow(func, EFFECT_DDL)
 
 
@@ -160,7 +173,8 @@ def reconstruct_frame(spark: SparkSession, reader: ArchiveReader, plan: ReplayPl
         raise ValueError("a reconstruction starts from a snapshot")
     fields = tuple(reader.key_fields)
     format_id, paths = artifact_files(reader, plan.snapshot)
-    base = ArtifactBase(tuple(paths), format_id, plan.snapshot.to_position).frame(spark, fields)
+    snapshot = ArtifactBase(tuple(paths), format_id, plan.snapshot.to_position, reader_connection(reader))
+    base = snapshot.frame(spark, fields)
     if not plan.diffs:
         return TableFrame(plan.head_position, 0, base, lambda: None)
     effects = _diff_effects(spark, reader, plan.diffs).persist()
@@ -185,8 +199,9 @@ def reconstruct_to_path(spark: SparkSession, reader: ArchiveReader, position: st
                         partitions: int | None = None) -> Reconstructed | None:
     """Write the table as of `position` (head when None) to the folder `out_path` in format `fmt`.
 
-    None when the position predates every snapshot. The reader's destination must be local (its
-    objects are read by path); `reader.formats` chooses which stored format is decoded.
+    None when the position predates every snapshot. The reader's objects are read by the tasks, from
+    a local destination by path or from S3 with its connection; `out_path` is a local folder;
+    `reader.formats` chooses which stored format is decoded.
     """
     get_format(fmt)
     started = time.monotonic()

@@ -7,9 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
+from resources.destinations.base import Destination
 from resources.destinations.local import LocalDestination
+from resources.destinations.s3 import S3Destination
 from snapshot_assets.archive.changes import Action, Change, Row
 from snapshot_assets.archive.keys import laredo_row_key
 from snapshot_assets.archive.positions import comparator
@@ -57,10 +60,18 @@ STEPS: list[tuple[str, int, str | None, str, list[Any]]] = [
 ]
 
 
-@pytest.fixture(scope="module", params=["jsonl", "protobuf", "parquet"])
+@pytest.fixture(scope="module", params=["jsonl", "protobuf", "parquet", "jsonl-in-s3", "parquet-in-s3"])
 def reader(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ArchiveReader:
-    fmt = request.param
-    dest = LocalDestination(tmp_path_factory.mktemp(f"laredo-{fmt}"))
+    """The archive on a local destination, or in S3 (moto): the tasks then read the objects
+    themselves, signed with the destination's connection."""
+    fmt, _, where = str(request.param).partition("-in-")
+    dest: Destination
+    if where == "s3":
+        endpoint, bucket = request.getfixturevalue("moto_server"), f"reconstruct-{fmt}"
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+        dest = S3Destination(bucket, endpoint_url=endpoint, path_style=True)
+    else:
+        dest = LocalDestination(tmp_path_factory.mktemp(f"laredo-{fmt}"))
     writer = ArtifactWriter([dest], PREFIX, snapshot_formats=[fmt], diff_formats=[fmt])
     for kind, epoch, lo, hi, items in STEPS:
         art = writer.write_snapshot(epoch, hi, items) if kind == "snapshot" else \
