@@ -3,9 +3,8 @@
 A `group_cut` run is the group's one writer: it builds and commits every member's artifact for
 the cut and then publishes the cut (groups/cut.py), on the run's own resources (Spark, the
 destinations and sinks of each member). The `group_cut` sensor (sensors/group_cut.py) requests it.
+(No `from __future__ import annotations`: Dagster reads the ops' config annotations at definition.)
 """
-
-from __future__ import annotations
 
 import dagster as dg
 
