@@ -232,7 +232,9 @@ def cut(config: Path, work: Path, log: Path, *, expect_ok: bool = True) -> str:
     return out
 
 
-def killed_cut(config: Path, work: Path, log: Path, rng: random.Random) -> None:
+def killed_cut(config: Path, work: Path, log: Path, rng: random.Random) -> bool:
+    """A cut run SIGKILLed at a random moment (opening Spark, building, committing a member,
+    publishing); False when it finished first."""
     with log.open("ab") as err:
         proc = subprocess.Popen(snapshotter("cut", "--group", "ledger", "--config", str(config)), cwd=work,
                                 env=e2e_env(), stdout=subprocess.DEVNULL, stderr=err)
@@ -241,6 +243,8 @@ def killed_cut(config: Path, work: Path, log: Path, rng: random.Random) -> None:
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
+            return True
+    return False
 
 
 def wait_durable(config: SnapshotterConfig, target: int) -> None:
@@ -271,11 +275,10 @@ def check_cut_reads(config: SnapshotterConfig, source: Source, at: str | None = 
 @pytest.fixture
 def ingest(tmp_path: Path, pg_cluster: PgCluster) -> Iterator[tuple[Path, Path, Source]]:
     work = tmp_path
-    conn = pg_cluster.connect()
-    conn.autocommit = False
+    conn = pg_cluster.connect()  # autocommit: a slot is created outside a transaction that wrote
     ledger = Ledger()
-    with conn:
-        setup_source(conn, ledger)
+    setup_source(conn, ledger)
+    conn.autocommit = False
     config = work / "ledger.conf"
     write_config(config, work, pg_cluster.dsn())
     log = work / "ingest.log"
@@ -329,7 +332,7 @@ def test_ledger_cuts_keep_the_invariant(ingest: tuple[Path, Path, Source]) -> No
         before = group.manifest().last
         assert before is not None
         if number in KILL_ROUNDS:
-            killed_cut(config_path, work, log, rng)
+            print(f"round {number}: cut run killed: {killed_cut(config_path, work, log, rng)}")
         if number == BREAK_ROUND:
             staging = Path(transfers.staging.uri)
             staging.parent.mkdir(parents=True, exist_ok=True)
@@ -342,13 +345,16 @@ def test_ledger_cuts_keep_the_invariant(ingest: tuple[Path, Path, Source]) -> No
             assert group.manifest().last == before
             head = accounts.manifest().head_position
             assert compare_lsn(head, before.position) > 0
+            assert transfers.manifest().head_position == before.tables[transfers.name].to_position
             alone = {pipe.name: archived_rows(pipe.name, as_of(pipe.destinations[0], pipe.cfg.key_prefix, head))
                      for pipe in group.members}
             assert ledger_sum(alone) != INVARIANT, "the per-table as-of read happened to keep the invariant"
             assert check_cut_reads(config, source, head) == before.position
         if kind == "accounts":
             transfers_head = transfers.manifest().head_position
-        cut(config_path, work, log)  # a killed run that had finished leaves nothing for this one
+        started = time.monotonic()
+        out = cut(config_path, work, log)  # a killed run that had finished leaves nothing for this one
+        print(f"round {number} ({kind}): {out.strip()} in {time.monotonic() - started:.1f}s")
         newest = check_cut_reads(config, source)
         assert compare_lsn(newest, format_lsn(source.last_commit())) >= 0, "the cut does not cover the round"
         if kind == "accounts":  # the idle member did not stall the cut, and wrote nothing
