@@ -82,8 +82,12 @@ class GroupPipeline:
             step = plan.steps[pipe.name]
             if step.kind == "none":
                 continue
-            built = pipe.build(spark, step)
-            pipe.commit(built.artifact)
+            try:
+                built = pipe.build(spark, step)
+                pipe.commit(built.artifact)
+            except Exception as exc:
+                raise CutHeldBack(f"group {self.name}: the cut at {plan.position} is held back: {pipe.name} "
+                                  f"failed ({step.kind} to {step.to_position}): {type(exc).__name__}: {exc}") from exc
             committed.append((pipe.name, built.artifact))
         return CutOutcome(self.publish(plan.position), "", committed)
 
