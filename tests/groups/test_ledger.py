@@ -28,6 +28,7 @@ What is shown:
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import random
@@ -45,6 +46,7 @@ import psycopg2.extensions
 import pytest
 
 from resources.buffer import BufferReader
+from snapshot_assets import cli
 from snapshot_assets.archive.positions import compare_lsn, format_lsn, parse_lsn
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.config import SnapshotterConfig, load_config
@@ -377,6 +379,16 @@ def test_ledger_cuts_keep_the_invariant(ingest: tuple[Path, Path, Source]) -> No
     for pipe in group.members:
         pipe.manifest().validate(compare_lsn)
     assert len(list(accounts.manifest().snapshots())) > 1, "accounts never re-based inside the group"
+
+    # The command line: `reconstruct --group` at a position between two cuts reads the older one.
+    between = format_lsn((parse_lsn(cuts[2].position) or 0) - 1)
+    stdout = io.StringIO()
+    assert cli.main(["reconstruct", "--group", "ledger", "--config", str(config_path), "--at", between], stdout) == 0
+    printed = json.loads(stdout.getvalue())
+    assert printed["position"] == cuts[1].position
+    assert {name: archived_rows(name, t["rows"]) for name, t in printed["tables"].items()} == source.at(between)
+    early = format_lsn((parse_lsn(cuts[0].position) or 0) - 1)
+    assert cli.main(["reconstruct", "--group", "ledger", "--config", str(config_path), "--at", early], stdout) == 1
 
     # The Spark reconstruct of the group at the newest cut: the same tables.
     from snapshot_assets.spark.session import open_spark
