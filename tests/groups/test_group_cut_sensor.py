@@ -9,63 +9,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import dagster as dg
-import pytest
 
-from resources.buffer import ChangeBuffer
-from resources.subscribers.events import Column, ResyncBegin, ResyncEnd, SchemaEvent, SnapshotRow, TableSchema, TxEnd
+from resources.subscribers.events import TxEnd
 from sensors.group_cut import group_cut
 from sensors.rebase_trigger import rebase_trigger
-from snapshot_assets import tables
 from snapshot_assets.config import SnapshotterConfig
 from snapshot_assets.groups.jobs import CUT_TAG, GROUP_TAG, group_cut_job
+from tests.groups.support import ACCOUNTS, TRANSFERS, feed, initial_copy
 from tests.sensors.conftest import add_run, fail_run
-
-ACCOUNTS, TRANSFERS = "public.accounts", "public.transfers"
-
-
-@pytest.fixture
-def group_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SnapshotterConfig]:
-    member = """{{ source {{ type = postgres, dsn = "host=127.0.0.1 dbname=bank", table = {t} }}
-       diff.interval = 1s, retry {{ backoff = 1s, max_backoff = 1s }}
-       destinations = [ {{ type = local, path = "{root}/archive" }} ] }}"""
-    path = tmp_path / "snapshotter.conf"
-    path.write_text(f"""snapshotter {{
-  buffer {{ path = "{tmp_path / 'buffer'}" }}
-  tables = [ {member.format(t="accounts", root=tmp_path)}, {member.format(t="transfers", root=tmp_path)} ]
-  groups = [ {{ name = ledger, tables = [ accounts, transfers ] }} ]
-}}""")
-    monkeypatch.setenv("SNAPSHOTTER_CONFIG", str(path))
-    tables.config.cache_clear()
-    tables.pipeline.cache_clear()
-    try:
-        yield tables.config()
-    finally:
-        tables.config.cache_clear()
-        tables.pipeline.cache_clear()
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
-def feed(cfg: SnapshotterConfig, table: str, *events: object) -> None:
-    """Append events to the table's buffer as its ingest would, and seal."""
-    t = cfg.table(table)
-    with ChangeBuffer(t.buffer.path, t.name, seal_interval=0) as buffer:
-        for event in events:
-            buffer.append(event)  # type: ignore[arg-type]
-        buffer.seal()
-
-
-def initial_copy(table: str, position: str) -> list[object]:
-    schema = TableSchema(table, (Column("id", "integer", False, True, 1, 1), Column("v", "bigint", ordinal=2)))
-    return [SchemaEvent(schema), ResyncBegin("initial load"), SnapshotRow({"id": 1, "v": 10}), ResyncEnd(position, 1)]
 
 
 def why(result: dg.SensorResult) -> str:

@@ -380,13 +380,14 @@ def test_ledger_cuts_keep_the_invariant(ingest: tuple[Path, Path, Source]) -> No
         pipe.manifest().validate(compare_lsn)
     assert len(list(accounts.manifest().snapshots())) > 1, "accounts never re-based inside the group"
 
-    # The command line: `reconstruct --group` at a position between two cuts reads the older one.
+    # The command line: `reconstruct --group` at a position between two cuts reads the older cut.
     between = format_lsn((parse_lsn(cuts[2].position) or 0) - 1)
     stdout = io.StringIO()
     assert cli.main(["reconstruct", "--group", "ledger", "--config", str(config_path), "--at", between], stdout) == 0
     printed = json.loads(stdout.getvalue())
     assert printed["position"] == cuts[1].position
-    assert {name: archived_rows(name, t["rows"]) for name, t in printed["tables"].items()} == source.at(between)
+    assert {name: archived_rows(name, t["rows"]) for name, t in printed["tables"].items()} == source.at(
+        cuts[1].position)
     early = format_lsn((parse_lsn(cuts[0].position) or 0) - 1)
     assert cli.main(["reconstruct", "--group", "ledger", "--config", str(config_path), "--at", early], stdout) == 1
 
