@@ -34,8 +34,14 @@ def cut_group(context: dg.OpExecutionContext, config: GroupCutConfig, spark: Spa
               destinations: DestinationsResource, event_sinks: EventSinksResource) -> dg.Output[str]:
     group = group_pipeline(config.group, destinations, event_sinks)
     outcome = group.advance(spark.spark_session)
-    for table, art in outcome.committed:
+    for table, art in outcome.committed:  # the members' artifacts, as the table's own runs record them
         context.log.info(f"{config.group}: {table} {art.describe()}")
+        context.log_event(dg.AssetMaterialization(
+            asset_key=art.kind, partition=table,
+            metadata={"group": config.group, "epoch": dg.MetadataValue.int(art.epoch),
+                      "from_position": art.from_position or "", "to_position": art.to_position,
+                      "rows" if art.is_snapshot else "changes": dg.MetadataValue.int(
+                          art.row_count if art.is_snapshot else art.change_count)}))
     if outcome.cut is None:
         context.log.info(f"{config.group}: no cut ({outcome.reason})")
         return dg.Output("", metadata={"group": config.group, "reason": outcome.reason})

@@ -49,6 +49,9 @@ def test_cut_runs_and_the_spark_reconstruct_of_a_cut(group_config: SnapshotterCo
     feed(group_config, TRANSFERS, *initial_copy(TRANSFERS, "0/200"), TxEnd("0/280"))
     first = run(group_cut_job.name, instance, group="ledger")
     assert first.output_for_node("cut_group") == "0/280"  # both first snapshots at the common position
+    made = {(m.asset_key.path[-1], m.partition, m.metadata["to_position"].value)
+            for m in first.asset_materializations_for_node("cut_group")}
+    assert made == {("snapshot", ACCOUNTS, "0/280"), ("snapshot", TRANSFERS, "0/280")}
 
     feed(group_config, ACCOUNTS, ChangeEvent("0/300", Action.INSERT, new={"id": 2, "v": 20}), TxEnd("0/300"))
     feed(group_config, TRANSFERS, TxEnd("0/310"))  # idle: complete through 0/310
