@@ -144,6 +144,8 @@ def consider(context: dg.SensorEvaluationContext, pipe: TablePipeline, last: dic
     except (DestinationError, ArchiveError, ChangeBufferError, OSError) as e:
         return f"cannot read the manifest or the buffer: {e}"
     events.append(obs)
+    if pipe.cfg.group:
+        return f"in group {pipe.cfg.group}: archived by its cuts (group_cut sensor)"
     running = busy(context.instance, pipe.name)
     if running is not None:
         return f"run {running.run_id} ({running.job_name}) is {running.status.value}"

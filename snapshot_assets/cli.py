@@ -92,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated key columns the rows are folded by (default: laredo's id)")
     rec.add_argument("--at", help="source position to rebuild at (default: the head)")
     rec.add_argument("--output", choices=("json", "jsonl"), default="json")
+    grp = rec.add_argument_group("co-refresh group", "rebuild every member of a configured group at one cut "
+                                 "(the newest at or before --at) instead of one table")
+    grp.add_argument("--group", help="the group's name (its tables and destinations come from --config)")
+    grp.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
+
+    cut = sub.add_parser("cut", help="bring every member of a group to its next cut and publish the cut")
+    cut.add_argument("--group", required=True, help="the group's name")
+    cut.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
 
     res = sub.add_parser("restore", help="write the table as of a pinned snapshot or a position into PostgreSQL")
     res.add_argument("--config", help="configuration file (default: $SNAPSHOTTER_CONFIG or the demo config)")
@@ -220,6 +228,8 @@ def _reader(args: argparse.Namespace, **kw: object) -> ArchiveReader:
 
 
 def cmd_reconstruct(args: argparse.Namespace, out: TextIO) -> int:
+    if args.group:
+        return _reconstruct_group(args, out)
     key_fields = [f.strip() for f in args.key_fields.split(",") if f.strip()]
     if not key_fields:
         raise CliError("--key-fields names no column")
@@ -260,6 +270,47 @@ def cmd_restore(args: argparse.Namespace, out: TextIO) -> int:
                            stream_max_rows=args.stream_max_rows,
                            spark=spark_from_config(config.spark), cmp=pipe.cmp, fallback_key=table.key_fields)
     out.write(result.describe() + "\n")
+    return 0
+
+
+def _reconstruct_group(args: argparse.Namespace, out: TextIO) -> int:
+    """`reconstruct --group G`: {"group", "position" (the cut), "tables": {name: {"position", "row_count",
+    "rows"}}} as one JSON document, or with --output jsonl one line per row with its table."""
+    from snapshot_assets.groups.read import read_group
+
+    got = read_group(load_config(args.config), args.group, args.at)
+    if args.output == "jsonl":
+        for table, rec in got.tables.items():
+            for row in rec.rows:
+                out.write(marshal({"table": table, "row": row}).decode() + "\n")
+        return 0
+    out.write(f'{{"group":{marshal(args.group).decode()},"position":{marshal(got.cut.position).decode()},"tables":{{')
+    for i, (table, rec) in enumerate(got.tables.items()):
+        rows = ",".join(marshal(row).decode() for row in rec.rows)
+        out.write(f'{"," if i else ""}{marshal(table).decode()}:{{"position":{marshal(rec.position).decode()},'
+                  f'"row_count":{len(rec.rows)},"rows":[{rows}]}}')
+    out.write("}}\n")
+    return 0
+
+
+def cmd_cut(args: argparse.Namespace, out: TextIO) -> int:
+    """One group tick outside Dagster (the group_cut sensor's job does the same)."""
+    from snapshot_assets.groups.cut import GroupPipeline
+    from snapshot_assets.spark.session import open_spark
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = load_config(args.config)
+    group = GroupPipeline.of(config, args.group)
+    runtime = open_spark(config.spark)
+    try:
+        outcome = group.advance(runtime.spark)
+    finally:
+        runtime.stop()
+    wrote = ", ".join(f"{t} {a.describe()}" for t, a in outcome.committed) or "nothing"
+    if outcome.cut is None:
+        out.write(f"{args.group}: no cut ({outcome.reason}); wrote {wrote}\n")
+    else:
+        out.write(f"{args.group}: cut at {outcome.cut.position}; wrote {wrote}\n")
     return 0
 
 
@@ -546,7 +597,8 @@ COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cm
             "restore": cmd_restore,
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
             "serve": cmd_serve, "serve-metrics": cmd_serve, "spark": cmd_spark, "capture-serve": cmd_capture_serve,
-            "replay": cmd_replay}
+            "replay": cmd_replay,
+            "cut": cmd_cut}
 
 COMMANDS.update({"bootstrap": cmd_bootstrap, "snapshot": cmd_snapshot, "pin": cmd_pin, "unpin": cmd_pin})
 

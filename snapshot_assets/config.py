@@ -17,7 +17,7 @@ import datetime as _dt
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -52,6 +52,7 @@ from snapshot_assets.config_values import (
     parse_fraction,
     parse_size,
 )
+from snapshot_assets.groups.model import GROUP_NAME, GroupConfig, default_group_prefix
 from snapshot_assets.redaction import dsn_problem, redact, register_dsn
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "demo.conf"
@@ -179,6 +180,7 @@ class TableConfig:
     retention_grace: _dt.timedelta = DEFAULT_GRACE  # retention.grace: how long a pruned object outlives its commit
     retry: RetryConfig = field(default_factory=RetryConfig)
     bucket_bytes: int = DEFAULT_BUCKET_BYTES  # state { bucket_size }: the jsonl bytes a state bucket aims at
+    group: str = ""  # the co-refresh group the table belongs to (`groups = [...]`), "" for none
 
     @property
     def name(self) -> str:
@@ -194,6 +196,14 @@ class SnapshotterConfig:
     http_port: int
     spark: SparkConfig
     capture: CaptureSettings | None = None  # `capture { }`: the event capture service (resources/capture)
+    groups: tuple[GroupConfig, ...] = ()  # `groups = [...]`: co-refresh groups (snapshot_assets/groups)
+
+    def group(self, name: str) -> GroupConfig:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        known = ", ".join(g.name for g in self.groups) or "none"
+        raise KeyError(f"no group {name!r} in {self.file}; configured: {known}")
 
     def table(self, name: str) -> TableConfig:
         for t in self.tables:
@@ -677,6 +687,7 @@ def _from_tree(tree: ConfigTree, file: str, env: Mapping[str, str] | None) -> Sn
         tables = ()  # an event capture service alone archives no table
     else:
         raise ConfigError(file, "snapshotter", "no tables configured (set snapshotter.tables or snapshotter.source)")
+    groups = _groups(root, tables) if root.has("groups") else ()
     root.done()
     if not tables and capture is None:
         raise ConfigError(file, "snapshotter.tables", "is empty")
@@ -684,8 +695,59 @@ def _from_tree(tree: ConfigTree, file: str, env: Mapping[str, str] | None) -> Sn
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(file, "snapshotter.tables", f"table {dupes[0]} is configured twice")
+    members = {t: g.name for g in groups for t in g.tables}
+    tables = tuple(replace(t, group=members.get(t.name, "")) for t in tables)
     return SnapshotterConfig(file=file, tables=tables, credentials=credentials, http_port=http_port, spark=spark,
-                             capture=capture)
+                             capture=capture, groups=groups)
+
+
+def _groups(root: _Section, tables: tuple[TableConfig, ...]) -> tuple[GroupConfig, ...]:
+    """`groups = [ { name, tables = [...], key_prefix?, diff { interval }? } ]`, checked against the tables:
+    every member configured, of one PostgreSQL database (one DSN), in one group only, listed once."""
+    by_name = {t.name: t for t in tables}
+    owner: dict[str, str] = {}
+    groups: list[GroupConfig] = []
+    for g in root.items("groups"):
+        name = g.string("name", required=True)
+        if not GROUP_NAME.match(name):
+            raise ConfigError(g.file, g.at("name"), f"{name!r} is not a group name (letters, digits, '_', '.', "
+                                                    "'-'; at most 63)")
+        if any(other.name == name for other in groups):
+            raise ConfigError(g.file, g.at("name"), f"group {name!r} is configured twice")
+        members = g.strings("tables", ())
+        if not members:
+            raise ConfigError(g.file, g.at("tables"), "lists no table")
+        chosen: list[TableConfig] = []
+        for member in members:
+            table = by_name.get(member) or next((t for t in tables if t.source.table == member), None)
+            if table is None:
+                raise ConfigError(g.file, g.at("tables"), f"unknown table {member!r}; configured: "
+                                  f"{', '.join(by_name)}")
+            if table in chosen:
+                raise ConfigError(g.file, g.at("tables"), f"table {table.name} is listed twice")
+            if table.name in owner:
+                raise ConfigError(g.file, g.at("tables"), f"table {table.name} is already in group "
+                                  f"{owner[table.name]!r}; a table belongs to at most one group")
+            if table.source.type != "postgres":
+                raise ConfigError(g.file, g.at("tables"), f"table {table.name} has a {table.source.type} source; "
+                                  "a group's members are tables of one PostgreSQL database (type = postgres)")
+            if chosen and table.source.dsn != chosen[0].source.dsn:
+                raise ConfigError(g.file, g.at("tables"), f"tables {chosen[0].name} and {table.name} come from "
+                                  "different sources (source.dsn differs); a group's positions must be of one "
+                                  "database")
+            chosen.append(table)
+            owner[table.name] = name
+        diff = g.sub("diff")
+        interval = diff.get("interval", parse_duration, min(t.diff_interval for t in chosen))
+        diff.done()
+        if interval <= _dt.timedelta(0):
+            raise ConfigError(g.file, diff.at("interval"), "must be greater than 0")
+        prefix = g.string("key_prefix", default_group_prefix(name))
+        if not prefix.endswith("/") or prefix in {t.key_prefix for t in tables}:
+            raise ConfigError(g.file, g.at("key_prefix"), f"{prefix!r} must end in '/' and be no table's key_prefix")
+        g.done()
+        groups.append(GroupConfig(name, tuple(t.name for t in chosen), prefix, interval))
+    return tuple(groups)
 
 
 def _table_done(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: BufferConfig) -> TableConfig:

@@ -23,6 +23,7 @@ from resources.destinations_resource import DestinationsResource
 from resources.sinks_resource import EventSinksResource
 from resources.spark import SparkResource
 from resources.subscriber_resource import SubscriberResource
+from sensors.group_cut import group_cut
 from sensors.ingest_supervisor import ingest_supervisor
 from sensors.outbox_retry import outbox_retry
 from sensors.rebase_trigger import rebase_trigger
@@ -33,6 +34,7 @@ from snapshot_assets.capture.assets import capture_index_matches_storage, captur
 from snapshot_assets.capture.jobs import capture_reconcile_job, capture_reconcile_schedule
 from snapshot_assets.capture.observe import capture_pages_observer
 from snapshot_assets.capture.resource import CaptureResource
+from snapshot_assets.groups.jobs import group_cut_job, reconstruct_group_job
 from snapshot_assets.handoff import ArtifactIOManager
 from snapshot_assets.jobs import diff_job, force_snapshot, ingest_job, reconstruct_job, restore, snapshot_job
 from snapshot_assets.redaction import install_log_redaction
@@ -62,8 +64,8 @@ defs = dg.Definitions(
     assets=[change_buffer, snapshot, diff, manifest, capture_pages],
     asset_checks=[archive_is_sound, capture_index_matches_storage],
     jobs=[diff_job, snapshot_job, force_snapshot, ingest_job, reconstruct_job, verify_archive_job,
-          capture_reconcile_job, restore],
+          capture_reconcile_job, restore, group_cut_job, reconstruct_group_job],
     schedules=[capture_reconcile_schedule],
-    sensors=[rebase_trigger, ingest_supervisor, outbox_retry, run_failure_alert, capture_pages_observer],
+    sensors=[rebase_trigger, ingest_supervisor, outbox_retry, run_failure_alert, capture_pages_observer, group_cut],
     resources=resources(),
 )

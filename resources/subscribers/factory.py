@@ -49,7 +49,7 @@ def build_subscriber(table: TableConfig) -> Subscriber:
                                   slot=slot_name(src),
                                   publication=src.publication or slot_name(src), create_slot=src.create_slot,
                                   recreate_slot_on_loss=src.recreate_slot_on_loss,
-                                  unchanged_toast=src.unchanged_toast)
+                                  unchanged_toast=src.unchanged_toast, progress=bool(table.group))
     if src.type == "laredo":
         from resources.subscribers.laredo import LaredoSubscriber
 

@@ -54,6 +54,18 @@ What it guarantees, and how:
   (`resume_schema`): after a restart the stream only shows shapes of changes after the resume
   position, and an ALTER TABLE just before it would otherwise go unnoticed.
 
+- Idle progress (`progress=True`, for tables in a co-refresh group). A transaction that touches
+  no row of the table yields nothing, so the durable position of an idle table stays at its last
+  change while other tables move on, and a group watermark (every member complete through W)
+  would wait for it. The walsender's keepalive carries its sent position S (`sentPtr`, the end
+  of the last WAL record it decoded, which psycopg2 exposes as `cursor.wal_end`): every
+  transaction whose commit record starts before S has been sent by then. So between
+  transactions, a keepalive that moved S on yields `TxEnd(S-1)` with no changes: "nothing of this
+  table committed through S-1", which the buffer makes its durable position like any other
+  transaction end (a commit record is longer than one byte, so no transaction commits at S-1
+  itself). Without the option nothing changes: positions stay the commit LSNs of the table's own
+  transactions.
+
 Starting with no position (`events(None)`) always makes a new slot: an existing slot of that name
 is dropped first (it is left over from a load that never became durable), so slot names must be
 unique per table.
@@ -253,7 +265,7 @@ class PostgresSubscriber:
     def __init__(self, dsn: str, *, table: str, slot: str, publication: str, schema: str = "public",
                  create_slot: bool = True, recreate_slot_on_loss: bool = False,
                  status_interval: float = 10.0, batch_size: int = 5000,
-                 unchanged_toast: str = "fill", key_fields: Sequence[str] = ()) -> None:
+                 unchanged_toast: str = "fill", key_fields: Sequence[str] = (), progress: bool = False) -> None:
         self.name = f"{schema}.{table}"
         if not _SLOT_NAME.match(slot):
             raise SourceConfigError(self.name, f"invalid replication slot name {slot!r}: use 1-63 "
@@ -275,6 +287,8 @@ class PostgresSubscriber:
         self.batch_size = batch_size
         self.unchanged_toast = unchanged_toast
         self.key_fields = tuple(key_fields)  # configured; () takes the table's key
+        self.progress = progress  # idle progress from keepalives (module doc)
+        self._sent_seen = 0  # the walsender's sent position when the stream last went idle
         self._query: Connection = None
         self._repl: Connection = None
         self._exporter: Connection = None  # the re-sync's temporary slot lives as long as this connection
@@ -646,20 +660,33 @@ class PostgresSubscriber:
                 self._send_feedback()
         self._doing = "streaming"
         stream = _StreamDecoder(self, shape, held, resume_after)
+        self._sent_seen = 0
         while True:
-            yield from stream.handle(pgoutput.decode(self._next_payload()))
+            payload = self._next_payload()
+            if payload is None:
+                yield from stream.idle(self._sent_seen)
+            else:
+                yield from stream.handle(pgoutput.decode(payload))
 
-    def _next_payload(self) -> bytes:
-        """The next XLogData payload; while idle, psycopg2 sends the periodic status feedback."""
+    def _next_payload(self) -> bytes | None:
+        """The next XLogData payload; while idle, psycopg2 sends the periodic status feedback.
+
+        With `progress`, None when the stream is idle and the walsender's sent position moved since
+        the last time (a keepalive came): the caller may report the table complete through it.
+        """
         while True:
             with self._lock:
                 cursor, conn = self._cursor, self._repl
                 if cursor is None:
                     raise SourceUnavailable(self.name, "the source was closed while streaming")
                 message = cursor.read_message()
+                sent = int(cursor.wal_end or 0) if self.progress else 0
             if message is not None:
                 payload: bytes = message.payload
                 return payload
+            if sent > self._sent_seen:
+                self._sent_seen = sent
+                return None
             select.select([conn], [], [], self.status_interval)
 
     def _stop_streaming(self) -> None:
@@ -679,6 +706,11 @@ class PostgresSubscriber:
     def _delivered(self, position: int) -> None:
         with self._lock:
             self._ack_limit = max(self._ack_limit, position)
+
+    def _delivered_to(self) -> int:
+        """The furthest position delivered so far (a transaction end, a copy, an idle progress)."""
+        with self._lock:
+            return self._ack_limit
 
     def _relation_schema(self, relation: pgoutput.Relation) -> tuple[_Shape, TableSchema]:
         """The shape and schema of a relation as the stream announced it (names and types from the
@@ -760,6 +792,16 @@ class _StreamDecoder:
             return (self._event(Action.TRUNCATE),)
         # Origin, Type and logical messages carry nothing the archive needs.
         return ()
+
+    def idle(self, sent: int) -> Sequence[Event]:
+        """The stream is idle and the walsender has sent every transaction committed before `sent`:
+        between transactions, a change-less `TxEnd(sent - 1)` when that is past everything delivered
+        (module doc, "Idle progress")."""
+        through = sent - 1
+        if self._tx is not None or through <= max(self._resume_after, self._source._delivered_to()):
+            return ()
+        self._source._delivered(through)
+        return (TxEnd(format_lsn(through)),)
 
     def _truncates_ours(self, truncate: pgoutput.Truncate) -> bool:
         return any(self._is_ours(oid) for oid in truncate.relation_oids) and not self._transaction().skip
