@@ -114,6 +114,9 @@ class CountingDestination:
     def open_read(self, key: str) -> BinaryIO:
         return self._call(lambda: self.inner.open_read(key))
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        return self._call(lambda: self.inner.read_range(key, start, length))
+
     def put_if(self, key: str, data: bytes, expected_revision: str | None) -> str:
         return self._call(lambda: self.inner.put_if(key, data, expected_revision))
 

@@ -44,6 +44,12 @@ class ObjectInfo:
     size: int
 
 
+def check_range(start: int, length: int) -> None:
+    """The one rule for `Destination.read_range` arguments, so every implementation refuses alike."""
+    if start < 0 or length < 0:
+        raise DestinationError(f"invalid byte range: start {start}, length {length} (both must be >= 0)")
+
+
 class Destination(Protocol):
     """A flat key space of immutable-ish objects under one root (a directory, an S3 bucket + prefix)."""
 
@@ -63,6 +69,12 @@ class Destination(Protocol):
 
     def open_read(self, key: str) -> BinaryIO:
         """A stream over the object (for artifacts too large to hold); FileNotFoundError when missing."""
+        ...
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """Bytes [start, start + length) of the object (fewer at its end; none from `start` on past
+        it): a reader that knows where a row is (the snapshot key index) fetches only that part.
+        FileNotFoundError when the object does not exist."""
         ...
 
     def put_if(self, key: str, data: bytes, expected_revision: str | None) -> str:
