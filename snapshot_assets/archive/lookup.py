@@ -101,7 +101,8 @@ def parse_key(values: Sequence[str], key_fields: Sequence[str], columns: Any = N
 def candidates(values: Sequence[str], key_fields: Sequence[str], columns: Any = None) -> list[TypedKey]:
     """`parse_key`, and without column types also the all-strings reading when it differs."""
     first = parse_key(values, key_fields, columns)
-    if _schema(columns) is not None:
+    schema = _schema(columns)
+    if schema is not None and all(_kind(f, schema) is not None for f in key_fields):
         return [first]
     as_text = tuple(values)
     return [first] if as_text == first else [first, as_text]
@@ -116,13 +117,19 @@ def _schema(columns: Any) -> RowSchema | None:
         return None
 
 
+def _kind(name: str, schema: RowSchema | None) -> ColumnType | None:
+    """The key field's type when the manifest's columns say (None: not described, or JSON: unknown)."""
+    if schema is None:
+        return None
+    try:
+        kind = schema.type_of(name)
+    except KeyError:
+        raise BadKey(f"key field {name!r} is not a column of the table ({', '.join(schema.names)})") from None
+    return None if kind is ColumnType.JSON else kind
+
+
 def _typed(name: str, text: str, schema: RowSchema | None) -> Any:
-    kind: ColumnType | None = None
-    if schema is not None:
-        try:
-            kind = schema.type_of(name)
-        except KeyError:
-            raise BadKey(f"key field {name!r} is not a column of the table ({', '.join(schema.names)})") from None
+    kind = _kind(name, schema)
     if kind in (ColumnType.INT16, ColumnType.INT32, ColumnType.INT64) or (kind is None and _is_int(text)):
         if not _is_int(text):
             raise BadKey(f"key field {name!r} holds integers; {text!r} is not one")
