@@ -7,8 +7,8 @@ the diffs after it are read whole (they are small by construction: a re-base sta
 when they grow). A snapshot without an index (laredo's, or one written before this project kept
 one) is scanned instead, which `LookupResult.note` says.
 
-Read only: every access goes through `Destination.get` / `read_range` / `open_read`; nothing here
-writes, so a principal that may only read the archive can serve lookups.
+Read only by construction: the reader is given a `ReadableDestination` (get, read_range, open_read,
+list), so no code path here can write; a principal that may only read the archive serves lookups.
 
 What the archive can say about a change: diffs hold net changes per window (from, to], not each
 change's own position or commit time. So `version` is the `to_position` of the diff whose window
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resources.destinations.base import Destination
+from resources.destinations.base import ReadableDestination
 from snapshot_assets.archive.algebra import key_effects
 from snapshot_assets.archive.changes import Action, Change, Row
 from snapshot_assets.archive.errors import ArchiveError, MissingArtifact, PositionError
@@ -312,7 +312,7 @@ def explain(result: LookupResult) -> str:
     return "\n".join(lines)
 
 
-def get(dest: Destination, key_prefix: str, values: Sequence[str], *, key_fields: Sequence[str] | None = None,
+def get(dest: ReadableDestination, key_prefix: str, values: Sequence[str], *, key_fields: Sequence[str] | None = None,
         at: str | None = None, cmp: Comparator = compare_lsn) -> LookupResult:
     """The row whose key fields hold `values` (as typed text, one per field) as of `at` (head when
     None) in the archive at `key_prefix` of `dest`. Key fields: `key_fields`, else the manifest's
