@@ -122,6 +122,8 @@ def _incremental_base(base: Base, fields: tuple[str, ...], formats: Sequence[str
         return None  # the bytes or typed columns of another set of formats
     if "parquet" in formats and (state.schema is None or (schema is not None and schema != state.schema)):
         return None  # the table's shape changed: type every row again
+    if any(b.index is None and b.rows for b in state.buckets):
+        return None  # a state written before buckets kept key index entries: one full build writes them
     return layered
 
 

@@ -270,3 +270,16 @@ def test_cli_get_composite_and_wrong_key_fields(composite_archive: Built,
     assert doc["found"] and doc["row"]["tenant"] == "tenant-3" and doc["row"]["id"] == 10
     assert main([*base, "--key", "10", "--key-fields", "id"]) == 1
     assert "keyed by ['tenant', 'id'], not ['id']" in capsys.readouterr()[1]
+
+
+def test_a_state_from_before_key_index_entries_makes_the_next_snapshot_a_full_build(int_archive: Built) -> None:
+    """Its snapshot could get no index (its buckets have no entries): one full build writes them."""
+    from dataclasses import replace
+
+    from snapshot_assets.spark.snapshot import _incremental_base
+
+    state: StateBase = int_archive.rebase.details["state"]
+    assert _incremental_base(state, int_archive.key_fields, FORMATS_, None) is not None
+    old = replace(state, buckets=tuple(replace(b, index=None) for b in state.buckets))
+    assert old.key_index() is None
+    assert _incremental_base(old, int_archive.key_fields, FORMATS_, None) is None
