@@ -83,7 +83,7 @@ def test_composite_keys_are_in_their_block(keys: set[tuple[str, int]], marks: li
 
 
 def test_a_key_before_every_entry_has_no_block() -> None:
-    index = KeyIndex(("id",), "0/1", (sort_key([10]), sort_key([20])), {"jsonl": (0, 50)}, {"jsonl": 90})
+    index = KeyIndex(("id",), "0/1", (sort_key([10]).hex(), sort_key([20]).hex()), {"jsonl": (0, 50)}, {"jsonl": 90})
     assert index.block(sort_key([5]), "jsonl") is None
     assert index.block(sort_key([10]), "jsonl") == (0, 50)
     assert index.block(sort_key([15]), "jsonl") == (0, 50)
@@ -98,6 +98,12 @@ def test_unusable_index_objects_are_refused_by_name() -> None:
     bad = b'{"key_index_version":1,"key_fields":["id"],"position":"0/1","sizes":{},"sk":["00"],"offsets":{"jsonl":[]}}'
     with pytest.raises(UnusableIndex, match="differ in length"):
         KeyIndex.loads(bad, "x")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=12), st.binary(max_size=12))
+def test_hex_orders_as_the_bytes(a: bytes, b: bytes) -> None:
+    assert (a.hex() < b.hex()) == (a < b)
 
 
 def test_index_key_and_block_size() -> None:
