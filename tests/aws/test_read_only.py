@@ -22,14 +22,13 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from resources.subscribers.events import Column
 from snapshot_assets.archive.key_index import index_key
 from snapshot_assets.archive.keys import typed_key
 from snapshot_assets.archive.reader import ArchiveReader
 from tests.aws.conftest import Moto, start_moto
 from tests.aws.support import bucket, client
 from tests.spark.conftest import spark  # noqa: F401 - the Spark session that builds the archive
-from tests.spark.test_lookup import BIG, PREFIX, Built, _int_row, build_archive
+from tests.spark.lookup_support import BIG, INT_COLUMNS, PREFIX, Built, build_archive, int_row
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 SNAPSHOTTER = str(Path(sys.executable).with_name("snapshotter"))
@@ -67,9 +66,7 @@ class ReadOnlyStore:
 @pytest.fixture(scope="module")
 def read_only_store(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReadOnlyStore]:  # noqa: F811
     work = tmp_path_factory.mktemp("read-only")
-    columns = (Column("id", "int8", False, True, 1, 1, type_oid=20), Column("name", "text", ordinal=2, type_oid=25),
-               Column("note", "text", ordinal=3, type_oid=25), Column("version", "int4", ordinal=4, type_oid=23))
-    built = build_archive(spark, work, "public.events", columns, _int_row, 800, 8 * 1024)
+    built = build_archive(spark, work, "public.events", INT_COLUMNS, int_row, 800, 8 * 1024)
     moto = start_moto(work, record=True)
     try:
         name = bucket(moto.url)
