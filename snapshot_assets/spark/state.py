@@ -188,8 +188,8 @@ def _lines(rows: Any) -> Any:
 
 class _IndexMarks:
     """The key index entries of one bucket as its rows stream past (`archive/key_index.py`): the
-    first row starting in each BLOCK_BYTES of the bucket's bytes in the leading format. Vectorised
-    per batch (Arrow lengths, numpy), Python only per entry."""
+    first row starting in each `block_bytes` of the bucket's bytes in the leading format (jsonl
+    when the archive has it). Vectorised per batch (Arrow lengths, numpy), Python only per entry."""
 
     def __init__(self, formats: tuple[str, ...], block_bytes: int) -> None:
         self._formats, self._block_bytes = formats, block_bytes
@@ -221,7 +221,6 @@ class _IndexMarks:
 
     def to_json(self) -> str:
         return json.dumps(entries_to_json((tuple(self.sks), {f: tuple(o) for f, o in self.offsets.items()})))
-
 
 
 class _BucketOut:
