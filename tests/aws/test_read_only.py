@@ -2,10 +2,10 @@
 
 A Spark-built archive (key index included) is uploaded to a moto_server of this module, IAM is
 enforced, and each reader command runs as its own `snapshotter` process signed by a user whose only
-policy allows s3:GetObject and s3:ListBucket. The commands must answer correctly, the endpoint's
-recording must show that user sent nothing but reads, and the same credentials must be refused a
-write (so the test would catch a reader that tried one). `READ_COMMANDS` lists the commands; a new
-reader command is one more entry.
+policy allows s3:GetObject and s3:ListBucket (get, reconstruct, inspect, verify). The commands must
+answer correctly, the endpoint's recording must show that user sent nothing but reads, and the same
+credentials must be refused a write (so the test would catch a reader that tried one).
+`READ_COMMANDS` lists the commands; a new reader command (bootstrap) is one more entry.
 """
 
 from __future__ import annotations
@@ -104,11 +104,17 @@ def _check_reconstruct(store: ReadOnlyStore, proc: subprocess.CompletedProcess[s
     assert by_key == {typed_key(r, ("id",)): r for r in rec.rows}
 
 
+def _assert(condition: bool) -> None:
+    assert condition
+
+
 #: Every reader command: its arguments after the store flags, and what its answer must be.
 READ_COMMANDS: dict[str, tuple[Callable[[ReadOnlyStore], list[str]], Callable[[ReadOnlyStore, Any], None]]] = {
     "get": (lambda s: ["get", *s.store_args(), "--key", str(BIG + 700), "--at", s.built.positions[2], "--verbose"],
             _check_get),
     "reconstruct": (lambda s: ["reconstruct", *s.store_args(), "--at", s.built.positions[2]], _check_reconstruct),
+    "inspect": (lambda s: ["inspect", *s.store_args()], lambda s, proc: _assert(s.built.positions[4] in proc.stdout)),
+    "verify": (lambda s: ["verify", *s.store_args(), "--deep"], lambda s, proc: _assert("ok:" in proc.stdout)),
 }
 
 
