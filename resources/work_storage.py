@@ -72,6 +72,9 @@ class PrefixedDestination:
     def open_read(self, key: str) -> BinaryIO:
         return self.inner.open_read(self.prefix + key)
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        return self.inner.read_range(self.prefix + key, start, length)
+
     def put_if(self, key: str, data: bytes, expected_revision: str | None) -> str:
         return self.inner.put_if(self.prefix + key, data, expected_revision)
 

@@ -1,4 +1,4 @@
-"""`snapshotter`: the command line of the archive (read side: reconstruct, inspect, verify).
+"""`snapshotter`: the command line of the archive (read side: reconstruct, get, inspect, verify).
 
 Flags follow laredo's `archive reconstruct` so scripts written for it keep working. Every failure
 an operator can meet (no manifest, a newer manifest, a position the archive cannot reach, a
@@ -26,6 +26,7 @@ from resources.subscribers.tls import ServerTls, TlsError
 from snapshot_assets.archive.errors import ArchiveError, MissingKeyField
 from snapshot_assets.archive.gojson import marshal
 from snapshot_assets.archive.inspect import render_manifest
+from snapshot_assets.archive.keys import default_key_prefix
 from snapshot_assets.archive.positions import COMPARATORS, comparator
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.verify import verify_archive
@@ -113,6 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--stream-max-rows", type=int, default=DEFAULT_STREAM_MAX_ROWS,
                      help="restore in one process up to this many rows (the manifest's counts), with Spark "
                           "above (default: %(default)s)")
+
+    get = sub.add_parser("get", help="one row as of a position, read without rebuilding the table")
+    _add_store_flags(get)
+    get.add_argument("--table", help="the table (schema.table): its default key prefix when --key-prefix is not given")
+    get.add_argument("--key", action="append", required=True,
+                     help="the key value; repeat once per key field, in --key-fields order")
+    get.add_argument("--key-fields", help="comma-separated key columns (default: the manifest's primary key, else id)")
+    get.add_argument("--at", help="source position to read at (default: the head)")
+    get.add_argument("--verbose", action="store_true", help="also say on stderr how the row was found and the bytes "
+                                                            "read (index, ranges, scans, diffs)")
 
     ins = sub.add_parser("inspect", help="print the manifest as a readable table")
     _add_store_flags(ins)
@@ -311,6 +322,22 @@ def cmd_cut(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"{args.group}: no cut ({outcome.reason}); wrote {wrote}\n")
     else:
         out.write(f"{args.group}: cut at {outcome.cut.position}; wrote {wrote}\n")
+    return 0
+
+
+def cmd_get(args: argparse.Namespace, out: TextIO) -> int:
+    from snapshot_assets.archive import lookup
+
+    fields = [f.strip() for f in (args.key_fields or "").split(",") if f.strip()] or None
+    prefix = args.key_prefix or (default_key_prefix(args.table) if args.table else "")
+    try:
+        result = lookup.get(_destination(args), prefix, args.key, key_fields=fields, at=args.at,
+                            cmp=comparator(args.positions))
+    except MissingKeyField as e:
+        raise CliError(f"{e}: pass the table's key columns with --key-fields") from None
+    out.write(marshal(lookup.describe(result)).decode() + "\n")
+    if args.verbose:
+        print(lookup.explain(result), file=sys.stderr)
     return 0
 
 
@@ -595,6 +622,7 @@ def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
 
 COMMANDS = {"reconstruct": cmd_reconstruct, "inspect": cmd_inspect, "verify": cmd_verify, "ingest": cmd_ingest,
             "restore": cmd_restore,
+            "get": cmd_get,
             "fanout-serve": cmd_fanout_serve, "run": cmd_run, "demo": cmd_demo, "status": cmd_status,
             "serve": cmd_serve, "serve-metrics": cmd_serve, "spark": cmd_spark, "capture-serve": cmd_capture_serve,
             "replay": cmd_replay,

@@ -18,9 +18,17 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, overload
 
-from resources.destinations.base import CASConflict, Destination, DestinationError, GetResult, ObjectInfo, PutResult
+from resources.destinations.base import (
+    CASConflict,
+    Destination,
+    DestinationError,
+    GetResult,
+    ObjectInfo,
+    PutResult,
+    ReadableDestination,
+)
 from resources.destinations.local import LocalDestination
 from resources.destinations.multipart import MultipartUpload
 from resources.sinks.base import EventSink, SinkError
@@ -77,7 +85,11 @@ def destination_label(dest: Destination) -> str:
     return dest.uri("_")[:-1]
 
 
-def unwrap(dest: Destination) -> Destination:
+@overload
+def unwrap(dest: Destination) -> Destination: ...
+@overload
+def unwrap(dest: ReadableDestination) -> ReadableDestination: ...
+def unwrap(dest: ReadableDestination) -> ReadableDestination:
     """The destination under a CountingDestination (for code that needs the concrete type)."""
     return dest.inner if isinstance(dest, CountingDestination) else dest
 
@@ -113,6 +125,9 @@ class CountingDestination:
 
     def open_read(self, key: str) -> BinaryIO:
         return self._call(lambda: self.inner.open_read(key))
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        return self._call(lambda: self.inner.read_range(key, start, length))
 
     def put_if(self, key: str, data: bytes, expected_revision: str | None) -> str:
         return self._call(lambda: self.inner.put_if(key, data, expected_revision))

@@ -44,17 +44,20 @@ class ObjectInfo:
     size: int
 
 
-class Destination(Protocol):
-    """A flat key space of immutable-ish objects under one root (a directory, an S3 bucket + prefix)."""
+def check_range(start: int, length: int) -> None:
+    """The one rule for `Destination.read_range` arguments, so every implementation refuses alike."""
+    if start < 0 or length < 0:
+        raise DestinationError(f"invalid byte range: start {start}, length {length} (both must be >= 0)")
+
+
+class ReadableDestination(Protocol):
+    """The reading half of a destination: all the archive's readers (reconstruct, get, verify) are
+    given, so the type checker proves they have no code path that writes."""
 
     name: str
 
     def uri(self, key: str) -> str:
         """The full URI of `key` (`file:///abs/path` or `s3://bucket/prefix/key`)."""
-        ...
-
-    def put(self, key: str, stream: BinaryIO | bytes) -> PutResult:
-        """Store `stream` at `key`, replacing atomically: readers see the old or the new object, never a part."""
         ...
 
     def get(self, key: str) -> GetResult | None:
@@ -65,16 +68,30 @@ class Destination(Protocol):
         """A stream over the object (for artifacts too large to hold); FileNotFoundError when missing."""
         ...
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """Bytes [start, start + length) of the object (fewer at its end; none from `start` on past
+        it): a reader that knows where a row is (the snapshot key index) fetches only that part.
+        FileNotFoundError when the object does not exist."""
+        ...
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with `prefix`, in key order."""
+        ...
+
+
+class Destination(ReadableDestination, Protocol):
+    """A flat key space of immutable-ish objects under one root (a directory, an S3 bucket + prefix)."""
+
+    def put(self, key: str, stream: BinaryIO | bytes) -> PutResult:
+        """Store `stream` at `key`, replacing atomically: readers see the old or the new object, never a part."""
+        ...
+
     def put_if(self, key: str, data: bytes, expected_revision: str | None) -> str:
         """Compare-and-swap: write only if the current revision is `expected_revision`.
 
         `expected_revision=None` means the object must not exist. Returns the new revision;
         raises CASConflict when the condition does not hold.
         """
-        ...
-
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        """Every object whose key starts with `prefix`, in key order."""
         ...
 
     def delete(self, key: str) -> None:

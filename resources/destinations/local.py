@@ -39,7 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from resources.destinations.base import CASConflict, DestinationError, GetResult, ObjectInfo, PutResult
+from resources.destinations.base import (
+    CASConflict,
+    DestinationError,
+    GetResult,
+    ObjectInfo,
+    PutResult,
+    check_range,
+)
 from resources.durable_files import fsync_dir
 
 if TYPE_CHECKING:
@@ -204,6 +211,12 @@ class LocalDestination:
             raise
         except OSError as exc:
             raise DestinationError(f"local open_read {self.uri(key)} failed: {exc}") from exc
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """`length` bytes from `start` with one positioned read (`os.pread`)."""
+        check_range(start, length)
+        with self.open_read(key) as stream, _os_errors("read_range", self.uri(key)):
+            return os.pread(stream.fileno(), length, start) if length else b""
 
     def put_if(self, key: str, data: bytes, expected_revision: str | None) -> str:
         """Compare-and-swap under the key's flock: check the current revision, then rename."""

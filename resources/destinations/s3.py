@@ -26,7 +26,14 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from resources.destinations.base import CASConflict, DestinationError, GetResult, ObjectInfo, PutResult
+from resources.destinations.base import (
+    CASConflict,
+    DestinationError,
+    GetResult,
+    ObjectInfo,
+    PutResult,
+    check_range,
+)
 from resources.destinations.multipart import MAX_PARTS, MIN_PART_SIZE, MiB
 
 if TYPE_CHECKING:
@@ -308,6 +315,25 @@ class S3Destination:
         if response is None:
             raise FileNotFoundError(f"no object {self.uri(key)}")
         return io.BufferedReader(_BodyReader(response["Body"], self.uri(key)), buffer_size=MiB)
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """GetObject with `Range: bytes=start-end`: only those bytes cross the network. A start past
+        the object's end (416 InvalidRange) reads nothing."""
+        check_range(start, length)
+        if not length:
+            return b""
+        with self._errors("read_range", key):
+            try:
+                response = self._client.get_object(Bucket=self.bucket, Key=self._full(key),
+                                                   Range=f"bytes={start}-{start + length - 1}")
+            except ClientError as exc:
+                if _is_missing(exc):
+                    raise FileNotFoundError(f"no object {self.uri(key)}") from None
+                if _error_code(exc) == "InvalidRange":
+                    return b""
+                raise
+            with contextlib.closing(response["Body"]) as body:
+                return body.read()
 
     def put_if(self, key: str, data: bytes, expected_revision: str | None) -> str:
         """Conditional PUT (`If-None-Match: *` to create, `If-Match: <etag>` to replace).

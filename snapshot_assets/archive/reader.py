@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
-from resources.destinations.base import Destination, DestinationError
+from resources.destinations.base import DestinationError, ReadableDestination
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.changes import Change, Row
 from snapshot_assets.archive.errors import (
@@ -133,7 +133,7 @@ class ArchiveReader:
 
     def __init__(
         self,
-        dest: Destination,
+        dest: ReadableDestination,
         key_prefix: str = "",
         *,
         formats: Sequence[str] | None = None,

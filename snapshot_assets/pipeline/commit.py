@@ -21,6 +21,7 @@ from resources.destinations.base import CASConflict, Destination
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.errors import ArchiveError, ManifestNotFound
 from snapshot_assets.archive.formats import FORMATS
+from snapshot_assets.archive.key_index import index_key
 from snapshot_assets.archive.located import located
 from snapshot_assets.archive.manifest import Artifact, Manifest, loads
 from snapshot_assets.archive.pins import is_pinned
@@ -184,8 +185,9 @@ def _text(manifest: Manifest | None) -> bytes | None:
 
 
 def artifact_object_keys(key_prefix: str, art: Artifact) -> list[str]:
-    """Every object key of an artifact, one per format it lists."""
-    return [artifact_key(key_prefix, art, FORMATS[fid]) for fid in art.formats if fid in FORMATS]
+    """Every object key of an artifact, one per format it lists, and a snapshot's key index."""
+    index = [index_key(key_prefix, art.epoch, art.to_position)] if art.is_snapshot else []
+    return [*(artifact_key(key_prefix, art, FORMATS[fid]) for fid in art.formats if fid in FORMATS), *index]
 
 
 def delete_artifacts(destinations: Sequence[Destination], key_prefix: str, arts: Sequence[Artifact]) -> int:

@@ -13,6 +13,8 @@
   upload on each destination is completed here from the ordered pieces and reused ranges
   (`task_objects.complete_pieces`); the bytes never pass through this host, only the small heads
   merged into parts of S3's minimum size. A failure aborts every upload of the artifact.
+* a snapshot built from the bucketed state also gets its key index object (archive/key_index.py),
+  made from the entries the state keeps per bucket.
 
 Returns, per format, the manifest's `FormatRef` (URI and size on the first destination).
 """
@@ -38,6 +40,7 @@ from resources.destinations.multipart import (
     write_planned,
 )
 from snapshot_assets.archive.formats import get_format
+from snapshot_assets.archive.key_index import index_key
 from snapshot_assets.archive.manifest import FormatRef
 from snapshot_assets.spark.parts import BuiltArtifact, Reuse, StagedFormat
 from snapshot_assets.spark.pieces import Sent, Targets
@@ -205,7 +208,26 @@ def _assemble(built: BuiltArtifact, destinations: Sequence[Destination], key_pre
                 refs[fid] = FormatRef(uri=uri, size_bytes=size)
         log.info("assembled %s %s: %d part(s), %d bytes, %d destination(s)", built.kind, fid,
                  len(staged.parts), refs[fid].size_bytes, len(destinations))
+    _put_key_index(built, destinations, key_prefix, epoch, refs)
     return refs
+
+
+def _put_key_index(built: BuiltArtifact, destinations: Sequence[Destination], key_prefix: str, epoch: int,
+                   refs: Mapping[str, FormatRef]) -> None:
+    """The snapshot's key index (archive/key_index.py) beside it on every destination, before the
+    commit, so a committed snapshot built from the state always has one."""
+    state = built.details.get("state")
+    index = state.key_index() if built.kind == "snapshot" and state is not None else None
+    if index is None:
+        return
+    for fid, size in index.sizes.items():
+        if fid in refs and refs[fid].size_bytes != size:
+            raise RuntimeError(f"the key index spans {size} bytes of {fid}, the object holds {refs[fid].size_bytes}")
+    key = index_key(key_prefix, epoch, built.to_position)
+    data = index.dumps()
+    for dest in destinations:
+        dest.put(key, data)
+    log.info("key index of snapshot %s: %d entries, %d bytes", built.to_position, len(index.sks), len(data))
 
 
 def sizes(refs: Mapping[str, FormatRef]) -> dict[str, int]:

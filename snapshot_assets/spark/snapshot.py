@@ -41,6 +41,7 @@ from pyspark.sql import DataFrame, SparkSession
 from resources.buffer.reader import SegmentRef
 from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive.formats import get_format
+from snapshot_assets.archive.key_index import block_bytes_for
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.spark.bases import Base, LayeredBase, latest_images
 from snapshot_assets.spark.effects import default_partitions, materialize
@@ -121,6 +122,8 @@ def _incremental_base(base: Base, fields: tuple[str, ...], formats: Sequence[str
         return None  # the bytes or typed columns of another set of formats
     if "parquet" in formats and (state.schema is None or (schema is not None and schema != state.schema)):
         return None  # the table's shape changed: type every row again
+    if any(b.index is None and b.rows for b in state.buckets):
+        return None  # a state written before buckets kept key index entries: one full build writes them
     return layered
 
 
@@ -135,7 +138,8 @@ def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], format
         schema = schema or infer_row_schema(table)
         encoded = typed_columns(encoded, schema)
     uploads = pieces.begin(len(bounds) + 1)
-    reports = write_buckets(encoded, bounds, len(bounds) + 1, pool, pieces.staged, formats, uploads)
+    reports = write_buckets(encoded, bounds, len(bounds) + 1, pool, pieces.staged, formats, uploads,
+                            block_bytes_for(bucket_bytes))
     buckets = buckets_from_reports(reports, bounds)
     state = StateBase(state_dir.uri, position, sum(b.rows for b in buckets), fields, buckets, tuple(formats),
                       schema if "parquet" in formats else None, state_dir.s3)
@@ -144,7 +148,7 @@ def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], format
 
 def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | None, fields: tuple[str, ...],
                  formats: Sequence[str], pool: Location, pieces: _Pieces, scratch: Location, state_dir: Location,
-                 position: str) -> StateBuild:
+                 position: str, bucket_bytes: int) -> StateBuild:
     """Rewrite the buckets the changes since the state fall in. SchemaMisfit when a changed row does
     not fit the state's typed columns (the caller re-types the table with a new schema)."""
     state = layered.state
@@ -167,7 +171,8 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
     merged = upserts if old is None else \
         old.join(changed.select("key"), "key", "left_anti").unionByName(upserts)
     uploads = pieces.begin(len(state.buckets))
-    reports = write_buckets(merged, bounds, len(touched), pool, pieces.staged, formats, uploads)
+    reports = write_buckets(merged, bounds, len(touched), pool, pieces.staged, formats, uploads,
+                            block_bytes_for(bucket_bytes))
     buckets = buckets_from_reports(reports, bounds, emptied(state.buckets, touched, formats))
     built = replace(moved, rows=sum(b.rows for b in buckets), buckets=buckets)
     return StateBuild(built, frozenset(touched), pieces.blobs(reports), "incremental")
@@ -345,7 +350,7 @@ def _state_build(spark: SparkSession, base: Base, segments: Sequence[SegmentRef]
         if not truncated:
             try:
                 build = _incremental(spark, layered, window, fields, fmts, pool, pieces, scratch, state_path,
-                                     to_position)
+                                     to_position, bucket_bytes)
             except SchemaMisfit:
                 if schema is not None:
                     raise  # the source's own schema: a real misfit

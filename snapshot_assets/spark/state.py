@@ -8,7 +8,8 @@ the epochs, `<state_root>/buckets/`):
                                      pb (its length-delimited protobuf SnapshotRow, null when the
                                      archive has no protobuf format), sorted by sk.
   epoch=N/_snapshotter_state.json    the marker, written last: position, key fields, formats, and the
-                                     ordered bucket list (lower bound, file, rows, bytes per format).
+                                     ordered bucket list (lower bound, file, rows, bytes per format,
+                                     key index entries: archive/key_index.py).
 
 Why: a row is encoded once, when it enters the archive (initial load, re-sync, or a diff's new
 image: `encode_rows`, Python per new row only). A snapshot is then the concatenation, bucket by
@@ -31,6 +32,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import json
 import math
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -47,15 +49,22 @@ from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive.errors import EncodeError
 from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
 from snapshot_assets.archive.formats.protobuf import snapshot_record
+from snapshot_assets.archive.key_index import (
+    BLOCK_BYTES,
+    BucketEntries,
+    KeyIndex,
+    entries_from_json,
+    entries_to_json,
+)
 from snapshot_assets.archive.keys import row_key
 from snapshot_assets.archive.row_schema import RowSchema
+from snapshot_assets.archive.sortkey import sort_key_of
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
 from snapshot_assets.spark.effects import NET_DDL, decode_row
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import image_type, refusing_misfits
 from snapshot_assets.spark.pieces import PieceWriter, Uploads
 from snapshot_assets.spark.remote_io import read_parquet_files
-from snapshot_assets.spark.sortkey import sort_key_of
 
 STATE_MARKER = "_snapshotter_state.json"
 STATE_VERSION = 2
@@ -67,12 +76,14 @@ TARGET_BUCKET_BYTES = DEFAULT_BUCKET_BYTES
 MAX_GROWTH = 4
 SAMPLES_PER_BUCKET = 32
 
-#: A task's report per bucket: its rows file (`format` "") and, per byte format, where its piece
-#: went (`blob`: a staged file's path, or what the uploads received, see pieces.py) and its size.
+#: A task's report per bucket: its rows file (`format` "", with the bucket's key index entries as
+#: JSON in `blob`) and, per byte format, where its piece went (`blob`: a staged file's path, or what
+#: the uploads received, see pieces.py) and its size.
 REPORT_DDL = "bucket INT, lower BINARY, rows BIGINT, path STRING, format STRING, blob STRING, bytes BIGINT"
 _REPORT_ARROW = pa.schema([("bucket", pa.int32()), ("lower", pa.binary()), ("rows", pa.int64()),
                            ("path", pa.string()), ("format", pa.string()), ("blob", pa.string()),
                            ("bytes", pa.int64())])
+_Report = tuple[int, bytes, int, str, str, str, int]
 
 
 # --- encoding rows as they enter -----------------------------------------------------------------
@@ -175,12 +186,49 @@ def _lines(rows: Any) -> Any:
 # --- writing buckets --------------------------------------------------------------------------------
 
 
+class _IndexMarks:
+    """The key index entries of one bucket as its rows stream past (`archive/key_index.py`): the
+    first row starting in each `block_bytes` of the bucket's bytes in the leading format (jsonl
+    when the archive has it). Vectorised per batch (Arrow lengths, numpy), Python only per entry."""
+
+    def __init__(self, formats: tuple[str, ...], block_bytes: int) -> None:
+        self._formats, self._block_bytes = formats, block_bytes
+        self._at = dict.fromkeys(formats, 0)
+        self._last_block = -1
+        self.sks: list[bytes] = []
+        self.offsets: dict[str, list[int]] = {fid: [] for fid in formats}
+
+    def add(self, rows: Any) -> None:
+        import pyarrow.compute as pc
+
+        if not self._formats or not rows.num_rows:
+            return
+        starts: dict[str, Any] = {}
+        for fid in self._formats:
+            stored = pc.binary_length(rows.column("row")) if fid == "jsonl" else \
+                pc.fill_null(pc.binary_length(rows.column("pb")), 0)
+            lengths = stored.to_numpy(zero_copy_only=False).astype(np.int64) + (1 if fid == "jsonl" else 0)
+            ends = np.cumsum(lengths) + self._at[fid]
+            starts[fid] = ends - lengths
+            self._at[fid] = int(ends[-1])
+        blocks = starts[self._formats[0]] // self._block_bytes
+        marked = np.flatnonzero(np.diff(blocks, prepend=self._last_block))
+        self._last_block = int(blocks[-1])
+        sks = rows.column("sk").take(pa.array(marked)).to_pylist()
+        self.sks.extend(sks)
+        for fid in self._formats:
+            self.offsets[fid].extend(int(v) for v in starts[fid][marked])
+
+    def to_json(self) -> str:
+        return json.dumps(entries_to_json((tuple(self.sks), {f: tuple(o) for f, o in self.offsets.items()})))
+
+
 class _BucketOut:
     """One bucket being written by a task: its rows file in the pool (local or S3, through Arrow's
     filesystem) and one piece per byte format (a staged file, or sent into the uploads)."""
 
     def __init__(self, bucket: int, lower: bytes, pool: Location, staging: Path | None, token: str,
-                 formats: tuple[str, ...], uploads: Uploads | None) -> None:
+                 formats: tuple[str, ...], uploads: Uploads | None, block_bytes: int) -> None:
         self.bucket, self.lower, self.rows = bucket, lower, 0
         name = f"{token}-{bucket:05d}.parquet"
         self.uri = (pool / name).uri
@@ -191,6 +239,7 @@ class _BucketOut:
         self._stream: Any = None
         self._writer: Any = None
         self._compression = "zstd"
+        self._marks = _IndexMarks(tuple(sorted(formats)), block_bytes)  # "jsonl" leads when the archive has it
         self._pieces = {fid: PieceWriter(fid, bucket, uploads=uploads,
                                          staged=None if staging is None else staging / fid / f"bucket-{bucket:05d}")
                         for fid in formats}
@@ -201,15 +250,16 @@ class _BucketOut:
             self._writer = pq.ParquetWriter(self._stream, rows.schema, compression=self._compression)
         self._writer.write_batch(rows)
         self.rows += rows.num_rows
+        self._marks.add(rows)
         for fid, piece in self._pieces.items():
             piece.stream.write(concatenated(_lines(rows) if fid == "jsonl" else rows.column("pb")))
 
-    def close(self) -> list[tuple[int, bytes, int, str, str, str, int]]:
+    def close(self) -> list[_Report]:
         self._writer.close()
         self._stream.close()
         if self._tmp != self._path:
             self._fs.move(self._tmp, self._path)
-        reports = [(self.bucket, self.lower, self.rows, self.uri, "", "", 0)]
+        reports: list[_Report] = [(self.bucket, self.lower, self.rows, self.uri, "", self._marks.to_json(), 0)]
         for fid, piece in self._pieces.items():
             where, size = piece.close()
             reports.append((self.bucket, self.lower, self.rows, self.uri, fid, where, size))
@@ -217,9 +267,9 @@ class _BucketOut:
 
 
 def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, token: str,
-                 formats: tuple[str, ...], uploads: Uploads | None) -> Iterator[Any]:
+                 formats: tuple[str, ...], uploads: Uploads | None, block_bytes: int) -> Iterator[Any]:
     """Rows sorted by (bucket, sk) -> one rows file and one piece per format for each bucket seen."""
-    reports: list[tuple[int, bytes, int, str, str, str, int]] = []
+    reports: list[_Report] = []
     current: _BucketOut | None = None
     for batch in batches:
         buckets = batch.column("bucket").to_numpy(zero_copy_only=False)
@@ -233,7 +283,8 @@ def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, to
                 if current is not None:
                     reports.extend(current.close())
                 current = _BucketOut(bucket, rows.column("sk")[lo].as_py(), pool,
-                                     None if staging is None else Path(staging), token, formats, uploads)
+                                     None if staging is None else Path(staging), token, formats, uploads,
+                                     block_bytes)
             current.write(rows.slice(lo, hi - lo))
     if current is not None:
         reports.extend(current.close())
@@ -243,16 +294,18 @@ def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, to
 
 
 def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: int, pool: Path | Location,
-                  staging: Path | None, formats: Sequence[str], uploads: Uploads | None = None) -> list[Any]:
+                  staging: Path | None, formats: Sequence[str], uploads: Uploads | None = None,
+                  block_bytes: int = BLOCK_BYTES) -> list[Any]:
     """Write the buckets present in `encoded` (ROWS_DDL rows, and the typed `columns` when the archive
     has parquet): each bucket's rows sorted by sk into one new rows file of the pool, and its bytes
     in each byte format as a piece: a file staged in `staging` (local runtime), or sent into
-    `uploads` (`staging` None). Returns the tasks' reports (REPORT_DDL); a value that does not fit
-    the typed columns raises SchemaMisfit."""
+    `uploads` (`staging` None); its key index entries every `block_bytes`. Returns the tasks'
+    reports (REPORT_DDL); a value that does not fit the typed columns raises SchemaMisfit."""
     where = Location.of(pool).make()
     byte_formats = tuple(f for f in formats if f in BYTE_FORMATS)
     func = functools.partial(_bucket_task, pool=where, staging=None if staging is None else str(staging),
-                             token=uuid.uuid4().hex[:12], formats=byte_formats, uploads=uploads)
+                             token=uuid.uuid4().hex[:12], formats=byte_formats, uploads=uploads,
+                             block_bytes=block_bytes)
     typed = ["columns"] if "columns" in encoded.columns else []
     frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb", *typed)
     frame = frame.repartition(max(1, touched), "bucket").sortWithinPartitions("bucket", "sk")
@@ -265,22 +318,25 @@ def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: int, poo
 
 @dataclass(frozen=True, slots=True)
 class Bucket:
-    """One key range of the state: its lower bound (None for the first), rows file and byte sizes."""
+    """One key range of the state: its lower bound (None for the first), rows file, byte sizes and
+    key index entries (None: written before the state kept them)."""
 
     lower: bytes | None
     path: str | None
     rows: int
     sizes: Mapping[str, int] = field(default_factory=dict)
+    index: BucketEntries | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"lower": None if self.lower is None else self.lower.hex(), "path": self.path, "rows": self.rows,
-                "sizes": dict(self.sizes)}
+                "sizes": dict(self.sizes), "index": None if self.index is None else entries_to_json(self.index)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Bucket:
-        lower = data["lower"]
+        lower, index = data["lower"], data.get("index")
         return cls(None if lower is None else bytes.fromhex(lower), data["path"], int(data["rows"]),
-                   {str(k): int(v) for k, v in data["sizes"].items()})
+                   {str(k): int(v) for k, v in data["sizes"].items()},
+                   None if index is None else entries_from_json(index))
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +430,18 @@ class StateBase:
     def describe(self) -> str:
         return f"state dataset {self.path} at {self.position} ({self.rows} rows, {len(self.buckets)} buckets)"
 
+    def key_index(self) -> KeyIndex | None:
+        """The key index of the snapshot object built from this state (None when a bucket written
+        before the state kept its entries has rows: the next full build writes them)."""
+        if any(b.index is None and b.rows for b in self.buckets):
+            return None
+        fids = [f for f in self.formats if f in BYTE_FORMATS]
+        if not fids:
+            return None
+        return KeyIndex.of_buckets(self.key_fields, self.position,
+                                   [b.index or ((), {}) for b in self.buckets],
+                                   [{f: b.sizes.get(f, 0) for f in fids} for b in self.buckets])
+
     def offsets(self, format_id: str) -> list[int]:
         """Where each bucket's bytes start in the snapshot object built from this state."""
         starts, at = [], 0
@@ -416,11 +484,14 @@ def buckets_from_reports(reports: Iterable[Any], bounds: Sequence[bytes],
     out = list(previous) if previous else [Bucket(lower, None, 0) for lower in lowers]
     written: dict[int, dict[str, Any]] = {}
     for r in reports:
-        entry = written.setdefault(int(r["bucket"]), {"path": r["path"], "rows": int(r["rows"]), "sizes": {}})
+        entry = written.setdefault(int(r["bucket"]), {"path": r["path"], "rows": int(r["rows"]), "sizes": {},
+                                                      "index": None})
         if r["format"]:
             entry["sizes"][r["format"]] = int(r["bytes"])
+        else:
+            entry["index"] = entries_from_json(json.loads(r["blob"]))
     for i, entry in written.items():
-        out[i] = Bucket(lowers[i], entry["path"], entry["rows"], entry["sizes"])
+        out[i] = Bucket(lowers[i], entry["path"], entry["rows"], entry["sizes"], entry["index"])
     return tuple(out)
 
 
@@ -428,5 +499,6 @@ def emptied(buckets: Sequence[Bucket], indexes: Iterable[int], formats: Sequence
     """`buckets` with the given ones emptied (rewritten, nothing left in them)."""
     out = list(buckets)
     for i in indexes:
-        out[i] = replace(out[i], path=None, rows=0, sizes={f: 0 for f in formats if f in BYTE_FORMATS})
+        out[i] = replace(out[i], path=None, rows=0, sizes={f: 0 for f in formats if f in BYTE_FORMATS},
+                         index=((), {}))
     return tuple(out)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from resources.destinations.base import CASConflict, Destination
+from resources.destinations.base import CASConflict, Destination, DestinationError
 from resources.destinations.factory import build_destination
 from resources.destinations.local import LocalDestination
 from resources.destinations.s3 import MiB, S3Destination
@@ -226,3 +226,21 @@ def test_factory_rejects_bad_specs_naming_the_problem(spec: dict[str, str], mess
     with pytest.raises(ValueError) as raised:
         build_destination(spec)
     assert message in str(raised.value)
+
+
+def test_read_range_returns_only_the_requested_bytes(dest: Destination) -> None:
+    data = bytes(range(256)) * 40
+    dest.put("ranged/obj.bin", data)
+    assert dest.read_range("ranged/obj.bin", 0, 10) == data[:10]
+    assert dest.read_range("ranged/obj.bin", 1000, 333) == data[1000:1333]
+    assert dest.read_range("ranged/obj.bin", len(data) - 5, 100) == data[-5:]  # short at the end
+    assert dest.read_range("ranged/obj.bin", len(data) + 10, 5) == b""
+    assert dest.read_range("ranged/obj.bin", 7, 0) == b""
+
+
+def test_read_range_missing_and_bad_ranges(dest: Destination) -> None:
+    with pytest.raises(FileNotFoundError):
+        dest.read_range("ranged/missing.bin", 0, 10)
+    dest.put("ranged/small.bin", b"abc")
+    with pytest.raises(DestinationError, match="invalid byte range"):
+        dest.read_range("ranged/small.bin", -1, 2)

@@ -27,11 +27,11 @@ from snapshot_assets.archive.changes import Action
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import snapshot_key
 from snapshot_assets.archive.positions import format_lsn
+from snapshot_assets.archive.sortkey import sort_key
 from snapshot_assets.spark.assemble import assemble
 from snapshot_assets.spark.bases import BufferSnapshotBase, LayeredBase
 from snapshot_assets.spark.parts import Reuse
 from snapshot_assets.spark.snapshot import build_snapshot
-from snapshot_assets.spark.sortkey import sort_key
 from snapshot_assets.spark.state import StateBase, bucket_of
 from tests.spark.conftest import python_bytes
 
@@ -63,8 +63,8 @@ def test_sort_key_keeps_the_order_of_integers_and_strings(ints: list[int], texts
 @given(st.lists(st.one_of(st.integers(min_value=-(2**90), max_value=2**90), st.text(max_size=5), st.none()),
                 min_size=1, max_size=3))
 def test_the_sort_key_of_a_key_json_is_the_sort_key_of_its_values(values: list[Any]) -> None:
+    from snapshot_assets.archive.sortkey import sort_key_of
     from snapshot_assets.spark.effects import key_json
-    from snapshot_assets.spark.sortkey import sort_key_of
 
     assert sort_key_of(key_json(tuple(values))) == sort_key(values)
 
