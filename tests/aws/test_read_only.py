@@ -5,7 +5,8 @@ enforced, and each reader command runs as its own `snapshotter` process signed b
 policy allows s3:GetObject and s3:ListBucket (get, reconstruct, inspect, verify). The commands must
 answer correctly, the endpoint's recording must show that user sent nothing but reads, and the same
 credentials must be refused a write (so the test would catch a reader that tried one).
-`READ_COMMANDS` lists the commands; a new reader command (bootstrap) is one more entry.
+`READ_COMMANDS` lists the commands (one entry each): get, reconstruct, inspect, verify, and
+bootstrap, which presigns its URLs locally and reads only the manifest.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class ReadOnlyStore:
     env: dict[str, str]
     key_id: str
     built: Built
+    config: Path  # a configuration naming the archive, for the commands that take one (bootstrap)
 
     def store_args(self) -> list[str]:
         return ["--store", "s3", "--bucket", self.bucket, "--endpoint-url", self.moto.url, "--path-style",
@@ -82,7 +84,16 @@ def read_only_store(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
         moto.enforce_iam()
         env = {**os.environ, "AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
         env.pop("AWS_SESSION_TOKEN", None)
-        yield ReadOnlyStore(moto, name, env, key["AccessKeyId"], built)
+        config = work / "reader.conf"
+        destination = {"type": "s3", "bucket": name, "prefix": "", "endpoint_url": moto.url, "path_style": True,
+                       "region": "us-east-1"}
+        config.write_text(f"""snapshotter {{
+          source {{ type = generator, table = events }}
+          key_prefix = "{PREFIX}"
+          destinations = [ {json.dumps(destination)} ]
+          buffer.path = "{work / 'reader-buffer'}"
+        }}""")
+        yield ReadOnlyStore(moto, name, env, key["AccessKeyId"], built, config)
     finally:
         moto.stop()
 
@@ -104,6 +115,13 @@ def _check_reconstruct(store: ReadOnlyStore, proc: subprocess.CompletedProcess[s
     assert by_key == {typed_key(r, ("id",)): r for r in rec.rows}
 
 
+def _check_bootstrap(store: ReadOnlyStore, proc: subprocess.CompletedProcess[str]) -> None:
+    doc = json.loads(proc.stdout)
+    assert doc["head_position"] == store.built.positions[4]
+    urls = [ref["url"] for art in doc["artifacts"] for ref in art["formats"].values()]
+    assert urls and all(u.startswith(store.moto.url) and "X-Amz-Signature=" in u for u in urls)
+
+
 def _assert(condition: bool) -> None:
     assert condition
 
@@ -115,6 +133,7 @@ READ_COMMANDS: dict[str, tuple[Callable[[ReadOnlyStore], list[str]], Callable[[R
     "reconstruct": (lambda s: ["reconstruct", *s.store_args(), "--at", s.built.positions[2]], _check_reconstruct),
     "inspect": (lambda s: ["inspect", *s.store_args()], lambda s, proc: _assert(s.built.positions[4] in proc.stdout)),
     "verify": (lambda s: ["verify", *s.store_args(), "--deep"], lambda s, proc: _assert("ok:" in proc.stdout)),
+    "bootstrap": (lambda s: ["bootstrap", "--config", str(s.config), "--table", "public.events"], _check_bootstrap),
 }
 
 
