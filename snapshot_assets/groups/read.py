@@ -9,6 +9,7 @@ reconstruct (spark/reconstruct.py) per member at the cut and writes each one to 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,18 +91,35 @@ class GroupRead:
 
 def read_group(config: SnapshotterConfig, name: str, at: str | None = None) -> GroupRead:
     """Every member of group `name` at the newest cut at or before `at` (rows in memory)."""
-    group = GroupReader.of(config, name)
-    cut = group.cut(at)
+    cut, members = _members_at(config, name, at)
     out: dict[str, Reconstruction] = {}
-    for table in group.group.tables:
-        reader, m = group.reader(table)
-        place = cut.tables[table]
-        rec = reader.reconstruct_as_of(place.to_position, m)
-        if rec is None or rec.position != place.to_position:
-            raise ArchiveError(f"group {name}: the cut at {cut.position} reads {table} at {place.to_position}, which "
-                               f"its manifest can no longer rebuild (retention pruned it)")
+    for table, reader, m, to_position in members:
+        rec = reader.reconstruct_as_of(to_position, m)
+        _check_rebuilt(name, cut, table, to_position, rec.position if rec else None)
+        assert rec is not None
         out[table] = rec
     return GroupRead(cut, out)
+
+
+def _members_at(config: SnapshotterConfig, name: str,
+                at: str | None) -> tuple[Cut, Iterator[tuple[str, ArchiveReader, Manifest, str]]]:
+    """The newest cut at or before `at`, and per member: its reader, manifest and position at the cut."""
+    group = GroupReader.of(config, name)
+    cut = group.cut(at)
+
+    def members() -> Iterator[tuple[str, ArchiveReader, Manifest, str]]:
+        for table in group.group.tables:
+            reader, m = group.reader(table)
+            yield table, reader, m, cut.tables[table].to_position
+
+    return cut, members()
+
+
+def _check_rebuilt(name: str, cut: Cut, table: str, to_position: str, rebuilt_at: str | None) -> None:
+    """A member rebuilt at a position other than the cut's (or not at all) means retention pruned it."""
+    if rebuilt_at != to_position:
+        raise ArchiveError(f"group {name}: the cut at {cut.position} reads {table} at {to_position}, which "
+                           f"its manifest can no longer rebuild (retention pruned it)")
 
 
 def reconstruct_group_to_paths(spark: Any, config: SnapshotterConfig, name: str, at: str | None, out_dir: Path | str,
@@ -109,15 +127,10 @@ def reconstruct_group_to_paths(spark: Any, config: SnapshotterConfig, name: str,
     """Every member at the cut, with Spark, each into `<out_dir>/<schema.table>` (spark/reconstruct.py)."""
     from snapshot_assets.spark.reconstruct import reconstruct_to_path
 
-    group = GroupReader.of(config, name)
-    cut = group.cut(at)
+    cut, members = _members_at(config, name, at)
     done: dict[str, Any] = {}
-    for table in group.group.tables:
-        reader, m = group.reader(table)
-        place = cut.tables[table]
-        result = reconstruct_to_path(spark, reader, place.to_position, Path(out_dir) / table, fmt, manifest=m)
-        if result is None or result.position != place.to_position:
-            raise ArchiveError(f"group {name}: the cut at {cut.position} reads {table} at {place.to_position}, which "
-                               f"its manifest can no longer rebuild (retention pruned it)")
+    for table, reader, m, to_position in members:
+        result = reconstruct_to_path(spark, reader, to_position, Path(out_dir) / table, fmt, manifest=m)
+        _check_rebuilt(name, cut, table, to_position, result.position if result else None)
         done[table] = result
     return cut, done

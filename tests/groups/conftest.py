@@ -10,8 +10,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from snapshot_assets import tables
 from snapshot_assets.config import SnapshotterConfig
+from tests.active_config import use_config
 from tests.pg.conftest import pg_cluster, pg_dsn
 
 __all__ = ["group_config", "instance", "pg_cluster", "pg_dsn"]
@@ -30,14 +30,7 @@ def group_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sn
   tables = [ {member.format(t="accounts", root=tmp_path)}, {member.format(t="transfers", root=tmp_path)} ]
   groups = [ {{ name = ledger, tables = [ accounts, transfers ] }} ]
 }}""")
-    monkeypatch.setenv("SNAPSHOTTER_CONFIG", str(path))
-    tables.config.cache_clear()
-    tables.pipeline.cache_clear()
-    try:
-        yield tables.config()
-    finally:
-        tables.config.cache_clear()
-        tables.pipeline.cache_clear()
+    yield from use_config(monkeypatch, path)
 
 
 @pytest.fixture

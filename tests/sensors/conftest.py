@@ -20,9 +20,9 @@ from typing import TypeVar
 import dagster as dg
 import pytest
 
-from snapshot_assets import tables
 from snapshot_assets.config import SnapshotterConfig, load_config
 from snapshot_assets.services import ingest_table
+from tests.active_config import use_config
 
 __all__ = ["ORDERS", "USERS", "add_run", "fail_run", "ingest", "instance", "poll", "sensor_config"]
 
@@ -59,33 +59,22 @@ snapshotter {{
     return path
 
 
-def _use(monkeypatch: pytest.MonkeyPatch, path: Path) -> Iterator[SnapshotterConfig]:
-    monkeypatch.setenv("SNAPSHOTTER_CONFIG", str(path))
-    tables.config.cache_clear()
-    tables.pipeline.cache_clear()
-    try:
-        yield tables.config()
-    finally:
-        tables.config.cache_clear()
-        tables.pipeline.cache_clear()
-
-
 @pytest.fixture
 def sensor_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SnapshotterConfig]:
     """The two-table configuration, active for the code location (sensors, jobs, status)."""
-    yield from _use(monkeypatch, write_config(tmp_path))
+    yield from use_config(monkeypatch, write_config(tmp_path))
 
 
 @pytest.fixture
 def sink_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SnapshotterConfig]:
     """The same tables, each with a file event sink (`<tmp>/events/<table>.jsonl`)."""
-    yield from _use(monkeypatch, write_config(tmp_path, sinks=True))
+    yield from use_config(monkeypatch, write_config(tmp_path, sinks=True))
 
 
 @pytest.fixture
 def paced_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SnapshotterConfig]:
     """The same tables, `public.users` paced at 3 changes/s (its ingest runs for about 10 s), backoff 6 s."""
-    yield from _use(monkeypatch, write_config(tmp_path, users_rate=3, backoff="6s", max_backoff="6s"))
+    yield from use_config(monkeypatch, write_config(tmp_path, users_rate=3, backoff="6s", max_backoff="6s"))
 
 
 @pytest.fixture
