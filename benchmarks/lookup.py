@@ -22,6 +22,7 @@ Run: `.venv/bin/python benchmarks/lookup.py [--rows 1000000] [--lookups 200] [--
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         f"not applicable ({args.rows:,} rows)"
     lines = [
         SECTION.format(rows=args.rows), "",
-        f"Machine: {machine_facts()}. Produced by `benchmarks/lookup.py --rows {args.rows} --lookups {args.lookups}`"
+        f"Machine: {machine_facts()}, load average {os.getloadavg()[0]:.1f} at the end. Produced by `benchmarks/lookup.py --rows {args.rows} --lookups {args.lookups}`"
         + (" on an archive a previous run built." if reused else
            f"; building the archive took {archive.build_s:.0f} s."),
         "",
