@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         f"not applicable ({args.rows:,} rows)"
     lines = [
         SECTION.format(rows=args.rows), "",
-        f"Machine: {machine_facts()}, load average {os.getloadavg()[0]:.1f} at the end. Produced by `benchmarks/lookup.py --rows {args.rows} --lookups {args.lookups}`"
+        f"Machine: {machine_facts()}, load average {os.getloadavg()[0]:.1f} at the end. "
+        f"Produced by `benchmarks/lookup.py --rows {args.rows} --lookups {args.lookups}`"
         + (" on an archive a previous run built." if reused else
            f"; building the archive took {archive.build_s:.0f} s."),
         "",
