@@ -731,10 +731,10 @@ def _groups(root: _Section, tables: tuple[TableConfig, ...]) -> tuple[GroupConfi
             if table.source.type != "postgres":
                 raise ConfigError(g.file, g.at("tables"), f"table {table.name} has a {table.source.type} source; "
                                   "a group's members are tables of one PostgreSQL database (type = postgres)")
-            if chosen and table.source.dsn != chosen[0].source.dsn:
+            if chosen and database_of(table.source.dsn) != database_of(chosen[0].source.dsn):
                 raise ConfigError(g.file, g.at("tables"), f"tables {chosen[0].name} and {table.name} come from "
-                                  "different sources (source.dsn differs); a group's positions must be of one "
-                                  "database")
+                                  "different sources (source.dsn names another host, port or database); a "
+                                  "group's positions must be of one database")
             chosen.append(table)
             owner[table.name] = name
         diff = g.sub("diff")
@@ -748,6 +748,20 @@ def _groups(root: _Section, tables: tuple[TableConfig, ...]) -> tuple[GroupConfi
         g.done()
         groups.append(GroupConfig(name, tuple(t.name for t in chosen), prefix, interval))
     return tuple(groups)
+
+
+def database_of(dsn: str) -> tuple[str, ...]:
+    """The database a PostgreSQL DSN names, as (host, port, dbname) with libpq's defaults filled in, so
+    two spellings of one database (a URI and key=value, different parameter order, an explicit default
+    port, other credentials) compare equal. A DSN libpq cannot parse compares as its text."""
+    import psycopg2.extensions
+
+    try:
+        parts = psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError:
+        return (dsn,)
+    host = parts.get("host") or parts.get("hostaddr") or "localhost"
+    return host, parts.get("port") or "5432", parts.get("dbname") or parts.get("user") or ""
 
 
 def _table_done(s: _Section, credentials: Mapping[str, CredentialProfile], buffer: BufferConfig) -> TableConfig:

@@ -58,11 +58,20 @@ def test_bad_groups(groups: str, message: str) -> None:
     assert message in str(err.value)
 
 
-def test_members_of_different_sources() -> None:
-    text = _config("[ { name = ledger, tables = [ public.accounts, public.transfers ] } ]",
-                   other_dsn="host=127.0.0.1 dbname=other user=u")
+@pytest.mark.parametrize("other", ["host=127.0.0.1 dbname=other user=u", "postgresql://u@127.0.0.1:5433/bank",
+                                   "postgresql://u@db.example/bank"])
+def test_members_of_another_host_port_or_database_are_refused(other: str) -> None:
     with pytest.raises(ConfigError, match="come from different sources"):
-        parse_config(text, file="g.conf")
+        parse_config(_config("[ { name = ledger, tables = [ public.accounts, public.transfers ] } ]",
+                             other_dsn=other), file="g.conf")
+
+
+@pytest.mark.parametrize("same", ["postgresql://other-user:secret@127.0.0.1:5432/bank",
+                                  "dbname=bank port=5432 host=127.0.0.1 user=v"])
+def test_two_spellings_of_one_database_are_one_source(same: str) -> None:
+    config = parse_config(_config("[ { name = ledger, tables = [ public.accounts, public.transfers ] } ]",
+                                  other_dsn=same), file="g.conf")
+    assert config.tables[1].source.dsn == same
 
 
 def test_members_must_be_postgres_tables() -> None:
