@@ -11,6 +11,7 @@ import io
 import json
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -173,15 +174,17 @@ def test_the_exporter_serves_over_http(archive: Archive) -> None:
                                       "stop": stop})
     thread.start()
     try:
-        body = ""
-        for _ in range(50):
+        # The first collection runs in the background (a slow destination must not delay the liveness
+        # probe), so the first answers may precede it: poll until it is in, with a deadline.
+        body, want, deadline = "", f'snapshotter_epoch{{table="{TABLE}"}} 1.0', time.monotonic() + 30
+        while want not in body and time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
                     body = response.read().decode()
-                break
             except OSError:
-                stop.wait(0.1)
-        assert f'snapshotter_epoch{{table="{TABLE}"}} 1.0' in body
+                pass
+            stop.wait(0.1)
+        assert want in body
         assert "snapshotter_status_collected_timestamp_seconds" in body
     finally:
         stop.set()

@@ -193,7 +193,7 @@ def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
     local_built = _chain(local, g, positions)
 
     on_disk = _objects(local.dest)
-    assert sorted(on_s3) == sorted(on_disk) and len(on_disk) == 4 * len(ALL)
+    assert sorted(on_s3) == sorted(on_disk) and len(on_disk) == 4 * len(ALL) + 2  # and both snapshots' key indexes
     for key, data in on_disk.items():
         if key.endswith(".parquet"):
             kind = "snapshot" if "/snapshot-" in key or key.rsplit("/", 1)[-1].startswith("snapshot") else "diff"
@@ -236,5 +236,5 @@ def test_targets_on_a_local_runtime_send_the_pieces_into_a_local_destination(spa
         _chain(rt, g, positions)
         objects.append(_objects(rt.dest))
         assert not list((tmp_path / name / "archive").rglob("*.parts-*"))  # staged heads dropped
-    assert sorted(objects[0]) == sorted(objects[1]) and len(objects[0]) == 4 * len(ALL)
+    assert sorted(objects[0]) == sorted(objects[1]) and len(objects[0]) == 4 * len(ALL) + 2  # and the key indexes
     assert all(objects[0][k] == objects[1][k] for k in objects[0])
