@@ -33,6 +33,7 @@ from resources.destinations.s3 import S3Connection, S3Destination
 from resources.subscribers.generator import KEY_FIELDS
 from snapshot_assets.archive.formats import FORMATS, get_format
 from snapshot_assets.archive.formats.parquet import SPARK_SCHEMA_KEY
+from snapshot_assets.archive.key_index import INDEX_EXTENSION, KeyIndex
 from snapshot_assets.archive.positions import compare_lsn
 from snapshot_assets.spark.assemble import artifact_key, assemble
 from snapshot_assets.spark.bases import ArtifactBase, BufferSnapshotBase, DeltaSet, LayeredBase, choose_base
@@ -144,6 +145,15 @@ def _signed(recording: Path) -> list[tuple[str, str, str]]:
     return out
 
 
+def _assert_index_fits(index: KeyIndex, jsonl: bytes) -> None:
+    """A key index over `jsonl` (byte-identical on both runtimes): its sort keys ascend, and every
+    entry starts a line of the object it claims the size of."""
+    offsets = list(index.offsets["jsonl"])
+    assert index.sizes["jsonl"] == len(jsonl) and offsets and offsets == sorted(set(offsets))
+    assert list(index.sks) == sorted(index.sks)
+    assert all(o == 0 or jsonl[o - 1:o] == b"\n" for o in offsets)
+
+
 def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
         spark_cluster: SparkCluster, cluster_spark: Any, spark: Any, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,6 +208,10 @@ def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
         if key.endswith(".parquet"):
             kind = "snapshot" if "/snapshot-" in key or key.rsplit("/", 1)[-1].startswith("snapshot") else "diff"
             assert _parquet_view(on_s3[key], kind) == _parquet_view(data, kind), key
+        elif key.endswith(INDEX_EXTENSION):  # entries fall where each runtime's task batches put them
+            jsonl = on_disk[key.removesuffix(INDEX_EXTENSION) + ".jsonl"]
+            _assert_index_fits(KeyIndex.loads(on_s3[key], key), jsonl)
+            _assert_index_fits(KeyIndex.loads(data, key), jsonl)
         else:
             assert on_s3[key] == data, key
     assert not leftovers and not staged_left  # every upload completed, its staged heads dropped
