@@ -341,11 +341,12 @@ def _stop_if_idle(state_dir: Path, info: ServerInfo) -> bool:
         with contextlib.suppress(FileNotFoundError):
             (state_dir / _INFO_FILE).unlink()
         why = f"idle for {current.idle_timeout_s:.0f}s without a session"
-        _write_activity(state_dir, Activity(info.pid, os.getpid(), now, 0, None, why))
         log_path = Path(info.log_path)
         with contextlib.suppress(OSError), open(log_path, "a") as out:
             out.write(f"\n{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))} snapshotter watchdog: "
                       f"stopped the server (pid {info.pid}): {why}\n")
+        # recorded last: a reader that sees the stop in activity.json finds the log line too
+        _write_activity(state_dir, Activity(info.pid, os.getpid(), now, 0, None, why))
         return True
 
 
