@@ -69,7 +69,7 @@ from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import MalformedChange, carries_key, partial_image
 from snapshot_assets.archive.changes import Action, Row
 from snapshot_assets.archive.errors import MissingKeyField
-from snapshot_assets.archive.keys import laredo_row_key, typed_key
+from snapshot_assets.archive.keys import key_json, laredo_row_key, typed_key
 from snapshot_assets.archive.positions import Comparator
 
 SegmentKind = Literal["changes", "snapshot"]
@@ -130,7 +130,7 @@ def key_text(row: Row, key_fields: Sequence[str], where: str) -> str:
         if value is None:
             raise MalformedChange(f"{where} has NULL in key field {name!r} (key fields {list(key_fields)}): "
                                   "a NULL names no row")
-    return gojson.dumps(list(key))
+    return key_json(key)
 
 
 def _row_text(row: Row | None, key: str | None) -> str | None:

@@ -92,15 +92,24 @@ class KeyIndex:
                 starts[fid] += bucket_sizes.get(fid, 0)
         return cls(tuple(key_fields), position, tuple(sks), {f: tuple(o) for f, o in offsets.items()}, starts)
 
+    def entry(self, sk: bytes) -> int | None:
+        """The entry whose block can hold the row whose sort key is `sk`; None when the key sorts
+        before every row (it is not in the snapshot)."""
+        i = bisect.bisect_right(self.sks, sk.hex()) - 1
+        return None if i < 0 else i
+
+    def span(self, entry: int, format_id: str) -> tuple[int, int]:
+        """(start, length) of entry `entry`'s block in the `format_id` object (the same rows in every
+        object the index covers: a row's place in one block is its place in the others)."""
+        offsets = self.offsets[format_id]
+        end = offsets[entry + 1] if entry + 1 < len(offsets) else self.sizes[format_id]
+        return offsets[entry], end - offsets[entry]
+
     def block(self, sk: bytes, format_id: str) -> tuple[int, int] | None:
         """(start, length) of the only range of the `format_id` object that can hold the row whose
         sort key is `sk`; None when the key sorts before every row (it is not in the snapshot)."""
-        i = bisect.bisect_right(self.sks, sk.hex()) - 1
-        if i < 0:
-            return None
-        offsets = self.offsets[format_id]
-        end = offsets[i + 1] if i + 1 < len(offsets) else self.sizes[format_id]
-        return offsets[i], end - offsets[i]
+        entry = self.entry(sk)
+        return None if entry is None else self.span(entry, format_id)
 
     def dumps(self) -> bytes:
         return json.dumps({"key_index_version": INDEX_VERSION, "key_fields": list(self.key_fields),

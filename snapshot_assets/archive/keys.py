@@ -189,6 +189,12 @@ def typed_key(row: Mapping[str, Any], key_fields: Sequence[str]) -> TypedKey:
         raise MissingKeyField(missing, tuple(key_fields)) from None
 
 
+def key_json(key: TypedKey) -> str:
+    """The canonical JSON of a typed key (exact integers): the buffer's and the state's `key`
+    column, and the key of a diff's versions line (archive/versions.py)."""
+    return gojson.dumps(list(key))
+
+
 def parse_key_string(key: str, n_fields: int) -> TypedKey:
     """Best-effort typed key from a `%v` key string, for a change that carries no row image.
 

@@ -10,11 +10,14 @@ one) is scanned instead, which `LookupResult.note` says.
 Read only by construction: the reader is given a `ReadableDestination` (get, read_range, open_read,
 list), so no code path here can write; a principal that may only read the archive serves lookups.
 
-What the archive can say about a change: diffs hold net changes per window (from, to], not each
-change's own position or commit time. So `version` is the `to_position` of the diff whose window
-holds the key's last change at or before P (the change happened in (`changed_after`, `version`]),
-and the key's commit time is not recorded (`archived_at` is when that diff was written). A key
-unchanged since the snapshot has `version` None and `unchanged_since` the snapshot position.
+Versions (archive/versions.py): the build keeps the position and commit time of each row's last
+change beside the artifacts. A key found in the snapshot takes its version from the line of the
+snapshot's versions object that stands where the row stands in its block (the key index holds the
+block's offset in that object too: one more small range read); a key a diff after the snapshot
+touched takes it from the versions object of the last such diff (one small object). An archive
+written before versions were kept still answers, less exactly: `version` is then the end of the diff
+window that holds the key's last change (`exact` False), or None for a key unchanged since the
+snapshot (`unchanged_since`), and no commit time.
 """
 
 from __future__ import annotations
@@ -31,12 +34,21 @@ from snapshot_assets.archive.changes import Action, Change, Row
 from snapshot_assets.archive.errors import ArchiveError, MissingArtifact, PositionError
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.key_index import KeyIndex, UnusableIndex, index_key
-from snapshot_assets.archive.keys import DEFAULT_KEY_FIELDS, TypedKey, typed_key
+from snapshot_assets.archive.keys import DEFAULT_KEY_FIELDS, TypedKey, key_json, typed_key
 from snapshot_assets.archive.manifest import Artifact, Manifest
 from snapshot_assets.archive.positions import Comparator, compare_lsn, parse_lsn
 from snapshot_assets.archive.reader import ArchiveReader, artifact_key, plan_as_of
 from snapshot_assets.archive.row_schema import ColumnType, RowSchema
 from snapshot_assets.archive.sortkey import sort_key
+from snapshot_assets.archive.versions import (
+    TRUNCATE_KEY,
+    VERSIONS,
+    Version,
+    diff_lines,
+    diff_versions_key,
+    line_at,
+    snapshot_versions_key,
+)
 
 #: Byte formats a lookup can read a range of, best first (parquet: the scan fallback only).
 _RANGE_FORMATS = ("jsonl", "protobuf")
@@ -54,10 +66,11 @@ class BytesRead:
     ranges: int = 0
     scanned: int = 0
     diffs: int = 0
+    versions: int = 0
 
     @property
     def total(self) -> int:
-        return self.index + self.ranges + self.scanned + self.diffs
+        return self.index + self.ranges + self.scanned + self.diffs + self.versions
 
 
 @dataclass
@@ -67,7 +80,10 @@ class LookupResult:
     key: TypedKey
     position: str
     row: Row | None
-    version: str | None = None
+    version: str | None = None  # the position of the key's last change at or before `position`
+    commit_time: str | None = None  # that change's commit time (None: unknown, or a copied row)
+    copied: bool = False  # `version` is the initial load's (or a re-sync's) position: the row came from that copy
+    exact: bool = False  # `version` comes from the versions objects (False: a diff window's end, or None)
     changed_after: str | None = None
     unchanged_since: str | None = None
     archived_at: str | None = None
@@ -179,13 +195,35 @@ class Lookup:
         diffs = self._diffs(plan.diffs)
         for candidate in wanted:
             result = self._snapshot_row(plan.snapshot, candidate, plan.head_position)
+            last: tuple[Artifact, bool] | None = None
             for art, changes in diffs:
                 result.bytes_read.diffs += self._size(art)
-                _apply(result, art, changes, self.reader.key_fields)
+                touched = _apply(result, art, changes, self.reader.key_fields)
+                last = (art, touched) if touched is not None else last
+            if last is not None:
+                self._diff_version(result, *last)
             if result.found or result.version is not None:
                 return result
             results.append(result)
         return results[0]
+
+    def _diff_version(self, result: LookupResult, art: Artifact, by_key: bool) -> None:
+        """The version of the key's last change from the versions object of the diff that holds it
+        (`by_key` False: the diff's TRUNCATE removed the key)."""
+        where = diff_versions_key(self.reader.key_prefix, art.epoch, art.from_position or "", art.to_position)
+        got = self.dest.get(where)
+        if got is None:
+            result.notes.append(f"{art.describe()} has no versions object: the version is the diff's end")
+            return
+        result.bytes_read.versions += len(got.data)
+        lines = diff_lines(got.data, self.dest.uri(where))
+        name = key_json(result.key) if by_key else TRUNCATE_KEY
+        if name not in lines:
+            raise MissingArtifact(f"{self.dest.uri(where)} lacks the version of key {name or 'TRUNCATE'}, "
+                                  f"which {art.describe()} changed")
+        _set_version(result, lines[name])
+        if result.row is None:
+            result.deleted_at = result.version
 
     # ---- the snapshot -------------------------------------------------------------------------
 
@@ -199,18 +237,25 @@ class Lookup:
             return result
         result.used_index = True
         result.snapshot_bytes = snap.formats[fid].size_bytes
-        block = index.block(sort_key(key), fid)
-        if block is None:
+        entry = index.entry(sort_key(key))
+        if entry is None:
             return result
-        start, length = block
-        object_key = artifact_key(self.reader.key_prefix, snap, FORMATS[fid])
-        try:
-            data = self.dest.read_range(object_key, start, length)
-        except FileNotFoundError:
-            raise MissingArtifact(f"{snap.describe()}: object missing: {self.dest.uri(object_key)}") from None
+        start, length = index.span(entry, fid)
+        data = self._range(artifact_key(self.reader.key_prefix, snap, FORMATS[fid]), start, length, snap)
         result.bytes_read.ranges += len(data)
-        result.row = _find(FORMATS[fid].read_snapshot(io.BytesIO(data)), key, self.reader.key_fields)
+        ordinal, result.row = _find(FORMATS[fid].read_snapshot(io.BytesIO(data)), key, self.reader.key_fields)
+        if result.row is not None and VERSIONS in index.offsets:
+            where = snapshot_versions_key(self.reader.key_prefix, snap.epoch, snap.to_position)
+            versions = self._range(where, *index.span(entry, VERSIONS), snap)
+            result.bytes_read.versions += len(versions)
+            _set_version(result, line_at(versions, ordinal, self.dest.uri(where)))
         return result
+
+    def _range(self, key: str, start: int, length: int, snap: Artifact) -> bytes:
+        try:
+            return self.dest.read_range(key, start, length)
+        except FileNotFoundError:
+            raise MissingArtifact(f"{snap.describe()}: object missing: {self.dest.uri(key)}") from None
 
     def _index(self, snap: Artifact, result: LookupResult) -> KeyIndex | None:
         """The snapshot's key index when it has a usable one (else a note saying why not)."""
@@ -239,7 +284,13 @@ class Lookup:
         fmt = self.reader.format_for(snap)
         result.bytes_read.scanned += snap.formats[fmt.format_id].size_bytes if fmt.format_id in snap.formats else 0
         result.snapshot_bytes = result.bytes_read.scanned
-        return _find(self.reader.iter_snapshot(snap), key, self.reader.key_fields)
+        ordinal, row = _find(self.reader.iter_snapshot(snap), key, self.reader.key_fields)
+        where = snapshot_versions_key(self.reader.key_prefix, snap.epoch, snap.to_position)
+        got = self.dest.get(where) if row is not None else None
+        if got is not None:  # every format holds the rows in one order: the row's line is its ordinal's
+            result.bytes_read.versions += len(got.data)
+            _set_version(result, line_at(got.data, ordinal, self.dest.uri(where)))
+        return row
 
     # ---- the diffs after it -------------------------------------------------------------------
 
@@ -252,17 +303,27 @@ class Lookup:
         return [(art, list(self.reader.iter_diff(art))) for art in arts]
 
 
-def _find(rows: Iterable[Row], key: TypedKey, key_fields: Sequence[str]) -> Row | None:
-    for row in rows:
+def _find(rows: Iterable[Row], key: TypedKey, key_fields: Sequence[str]) -> tuple[int, Row | None]:
+    """The row of `key` among `rows` and its ordinal there ((-1, None): not there)."""
+    for ordinal, row in enumerate(rows):
         if typed_key(row, key_fields) == key:
-            return row
-    return None
+            return ordinal, row
+    return -1, None
+
+
+def _set_version(result: LookupResult, version: Version | None) -> None:
+    """Take an exact version (None: the versions object says unknown, which leaves the result as is)."""
+    if version is None:
+        return
+    result.version, result.commit_time, result.copied, result.exact = (version.position, version.commit_time,
+                                                                       version.copied, True)
 
 
 def _apply(result: LookupResult, art: Artifact, changes: Iterable[Change],
-           key_fields: Sequence[str]) -> None:
+           key_fields: Sequence[str]) -> bool | None:
     """Fold one diff into the key's row, the reader's way (`fold.fold_diff`): a TRUNCATE anywhere in
-    the diff applies before the diff's other changes."""
+    the diff applies before the diff's other changes. Whether the diff changed the key by a change
+    of its own (True) or only by its TRUNCATE (False); None when it left the key alone."""
     touched = truncated = False
     after: Row | None = None
     for change in changes:
@@ -273,11 +334,13 @@ def _apply(result: LookupResult, art: Artifact, changes: Iterable[Change],
             if effect.key == result.key:
                 touched, after = True, effect.after
     if not touched and not (truncated and result.row is not None):
-        return
+        return None
     result.row = after if touched else None
     result.version, result.changed_after, result.archived_at = art.to_position, art.from_position, art.created_at
+    result.commit_time, result.copied, result.exact = None, False, False
     result.unchanged_since = None
     result.deleted_at = art.to_position if result.row is None else None
+    return touched
 
 
 def describe(result: LookupResult) -> Mapping[str, Any]:
@@ -286,6 +349,12 @@ def describe(result: LookupResult) -> Mapping[str, Any]:
                            "row": result.row}
     if result.version is not None:
         out["version"] = result.version
+        out["commit_time"] = result.commit_time
+        if result.copied:
+            out["copied"] = True  # the row is as the initial load (or a re-sync) copied it at `version`
+        if not result.exact:
+            out["version_exact"] = False  # an archive without versions: the end of the diff holding the change
+    if result.changed_after is not None:
         out["changed_after"] = result.changed_after
         out["archived_at"] = result.archived_at
     else:
@@ -303,12 +372,18 @@ def explain(result: LookupResult) -> str:
         if result.snapshot_bytes else ""
     lines = [*result.notes,
              f"{how}; bytes read: {read.total} = index {read.index} + ranges {read.ranges} + scanned {read.scanned} "
-             f"+ diffs {read.diffs}; snapshot object {result.snapshot_bytes} bytes{share}"]
-    if result.version is None:
-        lines.append(f"unchanged since the snapshot at {result.unchanged_since}; the archive keeps no commit time")
-    else:
+             f"+ diffs {read.diffs} + versions {read.versions}; snapshot object {result.snapshot_bytes} bytes{share}"]
+    if result.exact and result.copied:
+        lines.append(f"unchanged since the copy the archive started from at {result.version} "
+                     "(its last change before that is not known to the archive)")
+    elif result.exact:
+        lines.append(f"last change at {result.version}, committed at {result.commit_time or '(not given)'}")
+    elif result.version is not None:
         lines.append(f"last change in the diff ({result.changed_after}, {result.version}], archived at "
-                     f"{result.archived_at}; the archive keeps no per-change commit time")
+                     f"{result.archived_at}; this archive keeps no versions object for it")
+    elif result.found:
+        lines.append(f"unchanged since the snapshot at {result.unchanged_since}; this archive keeps no versions "
+                     "object for it")
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ from snapshot_assets.archive.pins import is_pinned
 from snapshot_assets.archive.positions import Comparator
 from snapshot_assets.archive.reader import artifact_key
 from snapshot_assets.archive.retention import Retention, commit_with_retention, parse_time, retired_of
+from snapshot_assets.archive.versions import diff_versions_key, snapshot_versions_key
 
 
 class CommitConflict(ArchiveError):
@@ -185,9 +186,14 @@ def _text(manifest: Manifest | None) -> bytes | None:
 
 
 def artifact_object_keys(key_prefix: str, art: Artifact) -> list[str]:
-    """Every object key of an artifact, one per format it lists, and a snapshot's key index."""
-    index = [index_key(key_prefix, art.epoch, art.to_position)] if art.is_snapshot else []
-    return [*(artifact_key(key_prefix, art, FORMATS[fid]) for fid in art.formats if fid in FORMATS), *index]
+    """Every object key of an artifact: one per format it lists, its versions object, and a
+    snapshot's key index."""
+    if art.is_snapshot:
+        beside = [index_key(key_prefix, art.epoch, art.to_position),
+                  snapshot_versions_key(key_prefix, art.epoch, art.to_position)]
+    else:
+        beside = [diff_versions_key(key_prefix, art.epoch, art.from_position or "", art.to_position)]
+    return [*(artifact_key(key_prefix, art, FORMATS[fid]) for fid in art.formats if fid in FORMATS), *beside]
 
 
 def delete_artifacts(destinations: Sequence[Destination], key_prefix: str, arts: Sequence[Artifact]) -> int:

@@ -38,6 +38,7 @@ from snapshot_assets.archive.manifest import Artifact, Manifest, utc_now
 from snapshot_assets.archive.pins import snapshot_pin, with_pin
 from snapshot_assets.archive.positions import comparator
 from snapshot_assets.archive.reader import artifact_key
+from snapshot_assets.archive.versions import VERSIONS, snapshot_versions_key
 from snapshot_assets.config import TableConfig
 from snapshot_assets.counters import (
     ARTIFACTS_WRITTEN,
@@ -259,15 +260,18 @@ class TablePipeline:
     def _reusable_objects(self, previous: Artifact | None, state: Any) -> dict[str, str]:
         """Per byte format, the previous snapshot's object key when every destination holds it whole
         and it was built from `state` (its buckets' bytes, in order): the ranges a re-base copies."""
-        from snapshot_assets.spark.state import BYTE_FORMATS
+        from snapshot_assets.spark.state import piece_formats
 
         if previous is None or state is None or state.state.position != previous.to_position:
             return {}
         found: dict[str, str] = {}
-        for fid in BYTE_FORMATS:
-            if fid not in previous.formats or fid not in state.state.formats:
+        for fid in piece_formats(state.state.formats):
+            if fid == VERSIONS:  # the versions object beside the snapshot (not a format of it)
+                key = snapshot_versions_key(self.cfg.key_prefix, previous.epoch, previous.to_position)
+            elif fid in previous.formats:
+                key = artifact_key(self.cfg.key_prefix, previous, FORMATS[fid])
+            else:
                 continue
-            key = artifact_key(self.cfg.key_prefix, previous, FORMATS[fid])
             size = sum(b.sizes.get(fid, 0) for b in state.state.buckets)
             if all(any(o.key == key and o.size == size for o in d.list(key)) for d in self.destinations):
                 found[fid] = key

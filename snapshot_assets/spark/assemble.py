@@ -15,6 +15,8 @@
   merged into parts of S3's minimum size. A failure aborts every upload of the artifact.
 * a snapshot built from the bucketed state also gets its key index object (archive/key_index.py),
   made from the entries the state keeps per bucket.
+* sidecars (`BuiltArtifact.sidecars`: the versions object, archive/versions.py) are assembled like
+  a byte format, beside the artifact; the manifest does not list them.
 
 Returns, per format, the manifest's `FormatRef` (URI and size on the first destination).
 """
@@ -39,6 +41,7 @@ from resources.destinations.multipart import (
     plan_parts,
     write_planned,
 )
+from snapshot_assets.archive import versions
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.key_index import index_key
 from snapshot_assets.archive.manifest import FormatRef
@@ -49,6 +52,7 @@ from snapshot_assets.spark.task_objects import SentPiece, complete_pieces
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
+_SIDECAR_EXTENSIONS = {versions.VERSIONS: versions.EXTENSION}
 
 
 class ChainedReader(io.RawIOBase):
@@ -190,26 +194,34 @@ def assemble(built: BuiltArtifact, destinations: Sequence[Destination], key_pref
 
 def _assemble(built: BuiltArtifact, destinations: Sequence[Destination], key_prefix: str,
               epoch: int) -> dict[str, FormatRef]:
-    refs: dict[str, FormatRef] = {}
-    for fid, staged in built.formats.items():
-        key = artifact_key(key_prefix, built, epoch, get_format(fid).extension)
-        sent = built.uploads.by_format.get(fid) if built.uploads is not None else None
-        if sent is not None and (len(sent) != len(destinations) or
-                                 any(u.uri() != d.uri(key) for u, d in zip(sent, destinations, strict=False))):
-            raise ValueError(f"the {fid} pieces were sent to {[u.uri() for u in sent]}, not to "
-                             f"{[d.uri(key) for d in destinations]}: build and assemble need the same targets")
-        for i, dest in enumerate(destinations):
-            if sent is not None:
-                assert built.uploads is not None
-                uri, size = _complete_sent(sent[i], i, staged, built.uploads.parts_per_piece[fid])
-            else:
-                uri, size = _put_concatenated(dest, key, staged)
-            if i == 0:
-                refs[fid] = FormatRef(uri=uri, size_bytes=size)
-        log.info("assembled %s %s: %d part(s), %d bytes, %d destination(s)", built.kind, fid,
-                 len(staged.parts), refs[fid].size_bytes, len(destinations))
+    refs = {fid: _put_object(built, fid, staged, artifact_key(key_prefix, built, epoch, get_format(fid).extension),
+                             destinations) for fid, staged in built.formats.items()}
+    for sid, staged in built.sidecars.items():  # beside the artifact, not in the manifest
+        _put_object(built, sid, staged, artifact_key(key_prefix, built, epoch, _SIDECAR_EXTENSIONS[sid]), destinations)
     _put_key_index(built, destinations, key_prefix, epoch, refs)
     return refs
+
+
+def _put_object(built: BuiltArtifact, fid: str, staged: StagedFormat, key: str,
+                destinations: Sequence[Destination]) -> FormatRef:
+    """One object of `built` (a format, or a sidecar) on every destination; its URI and size on the first."""
+    sent = built.uploads.by_format.get(fid) if built.uploads is not None else None
+    if sent is not None and (len(sent) != len(destinations) or
+                             any(u.uri() != d.uri(key) for u, d in zip(sent, destinations, strict=False))):
+        raise ValueError(f"the {fid} pieces were sent to {[u.uri() for u in sent]}, not to "
+                         f"{[d.uri(key) for d in destinations]}: build and assemble need the same targets")
+    ref: FormatRef | None = None
+    for i, dest in enumerate(destinations):
+        if sent is not None:
+            assert built.uploads is not None
+            uri, size = _complete_sent(sent[i], i, staged, built.uploads.parts_per_piece[fid])
+        else:
+            uri, size = _put_concatenated(dest, key, staged)
+        ref = ref or FormatRef(uri=uri, size_bytes=size)
+    assert ref is not None
+    log.info("assembled %s %s: %d part(s), %d bytes, %d destination(s)", built.kind, fid,
+             len(staged.parts), ref.size_bytes, len(destinations))
+    return ref
 
 
 def _put_key_index(built: BuiltArtifact, destinations: Sequence[Destination], key_prefix: str, epoch: int,

@@ -45,9 +45,9 @@ from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Row
 from snapshot_assets.archive.errors import CorruptArtifact
 from snapshot_assets.archive.formats import get_format
-from snapshot_assets.archive.keys import typed_key
+from snapshot_assets.archive.keys import key_json, typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
-from snapshot_assets.spark.effects import NET_DDL, STATE_DDL, encode_row, key_json, read_window
+from snapshot_assets.spark.effects import NET_DDL, STATE_DDL, VERSION_SQL, encode_row, read_window
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
 from snapshot_assets.spark.remote_io import input_file, is_s3
 from snapshot_assets.spark.state import StateBase, encode_net
@@ -56,7 +56,7 @@ __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase"
            "StateBase", "choose_base", "latest_images", "rows_for", "write_delta"]
 
 DELTA_MARKER = "_snapshotter_delta.json"
-_STATE_ARROW = pa.schema([("key", pa.string()), ("row", pa.string())])
+_STATE_ARROW = pa.schema([("key", pa.string()), ("row", pa.string()), ("ver", pa.string())])
 
 
 class Base(Protocol):
@@ -66,7 +66,7 @@ class Base(Protocol):
     def position(self) -> str | None: ...
 
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
-        """The rows as STATE_DDL (key, row)."""
+        """The rows as STATE_DDL (key, row, ver)."""
         ...
 
     def describe(self) -> str: ...
@@ -85,8 +85,9 @@ def local_path(path_or_uri: str) -> str:
 
 def _state_batch(rows: Sequence[tuple[str, str]]) -> Any:
     keys, texts = (list(c) for c in zip(*rows, strict=True)) if rows else ([], [])
-    return pa.RecordBatch.from_arrays([pa.array(keys, pa.string()), pa.array(texts, pa.string())],
-                                      schema=_STATE_ARROW)
+    # a snapshot artifact keeps no versions: its rows' are unknown (null)
+    return pa.RecordBatch.from_arrays([pa.array(keys, pa.string()), pa.array(texts, pa.string()),
+                                       pa.nulls(len(keys), pa.string())], schema=_STATE_ARROW)
 
 
 def keyed(row: Row, key_fields: Sequence[str], text: str | None = None) -> tuple[str, str]:
@@ -136,14 +137,19 @@ class DeltaSet:
             return None
 
     def frame(self, spark: SparkSession) -> DataFrame:
+        """The net changes (NET_DDL; `ver` null in a delta written before versions were kept)."""
         return read_dataset(spark, Location.of(self.path, self.s3), NET_DDL)
+
+    def images(self, spark: SparkSession) -> DataFrame:
+        """Each touched key's new image as a state layer (STATE_DDL; row null: deleted)."""
+        return self.frame(spark).selectExpr("key", "new AS row", "ver")
 
     def rows(self, spark: SparkSession, formats: Sequence[str]) -> DataFrame | None:
         """The new images as state rows (ROWS_DDL; row null: deleted), encoded when the diff wrote
         them; None when the diff did not encode for all of `formats`."""
         if not self.encoded or ("protobuf" in formats and "protobuf" not in self.encoded):
             return None
-        return read_dataset(spark, Location.of(self.path, self.s3)).selectExpr("key", "sk", "new AS row", "pb")
+        return read_dataset(spark, Location.of(self.path, self.s3)).selectExpr("key", "sk", "new AS row", "pb", "ver")
 
 
 def _publish(frame: DataFrame, target: Path) -> None:
@@ -216,7 +222,7 @@ class LayeredBase:
         if not self.deltas:
             return self.state.frame(spark, key_fields)
         cut = max((i for i, d in enumerate(self.deltas) if d.truncated), default=-1)
-        latest = latest_images([d.frame(spark).selectExpr("key", "new AS row") for d in self.deltas[max(cut, 0):]])
+        latest = latest_images([d.images(spark) for d in self.deltas[max(cut, 0):]])
         start = self.state.frame(spark, key_fields) if cut < 0 else spark.createDataFrame([], STATE_DDL)
         return start.join(latest.select("key"), "key", "left_anti").unionByName(latest.filter("row IS NOT NULL"))
 
@@ -232,7 +238,7 @@ def rows_for(base: Base, spark: SparkSession, key_fields: Sequence[str], keys: D
     if isinstance(base, LayeredBase) and not base.truncated:
         if not base.deltas:
             return base.state.rows_for(spark, key_fields, keys)
-        latest = latest_images([d.frame(spark).selectExpr("key", "new AS row") for d in base.deltas]) \
+        latest = latest_images([d.images(spark) for d in base.deltas]) \
             .join(keys.select("key"), "key", "left_semi")
         untouched = base.state.rows_for(spark, key_fields, keys).join(latest.select("key"), "key", "left_anti")
         return untouched.unionByName(latest.filter("row IS NOT NULL"))
@@ -342,7 +348,7 @@ class BufferSnapshotBase:
         if self.segment.kind != "snapshot":
             raise ValueError(f"{self.segment.name} is a {self.segment.kind} segment, not a snapshot segment")
         rows = read_window(spark, [self.segment], self.s3)
-        return rows.filter("action = 'SNAPSHOT'").selectExpr("key", "new AS row")
+        return rows.filter("action = 'SNAPSHOT'").selectExpr("key", "new AS row", f"{VERSION_SQL} AS ver")
 
     def describe(self) -> str:
         return f"buffer re-sync {self.segment.name} at {self.segment.to_position}"

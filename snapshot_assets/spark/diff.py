@@ -8,7 +8,8 @@ What runs where:
           images against the base (`images`: unchanged TOASTed values, before-images), fold each
           key after the shuffle by key (`window.net_window`), write the net changes once as the
           state's delta for this step (`bases.DeltaSet`), and encode the parts from it in key
-          order (`parts.encode_diff_parts`): the net changes never leave the executors. With
+          order (`parts.encode_diff_parts`), and the keys' versions beside them (spark/versions.py):
+          the net changes never leave the executors. With
           `targets` each task sends its parts straight into the destinations (pieces.py), so a
           cluster whose hosts share only S3 builds the same objects as a local runtime.
 
@@ -29,9 +30,11 @@ from pyspark.sql import SparkSession
 
 from resources.buffer.reader import SegmentRef
 from resources.destinations.s3 import S3Connection
+from snapshot_assets.archive import versions
 from snapshot_assets.archive.changes import Action, Change
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.row_schema import RowSchema
+from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.bases import Base, write_delta
 from snapshot_assets.spark.effects import default_partitions
 from snapshot_assets.spark.locations import Location
@@ -45,6 +48,7 @@ from snapshot_assets.spark.parts import (
     prepare_staging,
 )
 from snapshot_assets.spark.pieces import Targets, Uploads
+from snapshot_assets.spark.versions import diff_versions
 from snapshot_assets.spark.window import net_window
 
 log = logging.getLogger(__name__)
@@ -89,7 +93,9 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     uploads: Uploads | None = None
     try:
         if targets is not None:
-            uploads = Uploads.begin(targets.destinations, {f: keys[f] for f in encoded}, width + 1)
+            sidecar = targets.key("diff", from_position, to_position, versions.EXTENSION)
+            uploads = Uploads.begin(targets.destinations, {**{f: keys[f] for f in encoded}, VERSIONS: sidecar},
+                                    width + 1)
             if "parquet" in fmts and staging.remote:
                 uploads = uploads.merged(Uploads.begin(targets.destinations, {"parquet": keys["parquet"]}, 1))
         built = _build(spark, segments, base, to_position, fields, fmts, encoded, staging, delta_dir, width,
@@ -121,6 +127,8 @@ def _build(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_p
         sink.write(Change(Action.TRUNCATE))
         reports.extend(dict(zip(("format", "part", "path", "bytes", "count"), r, strict=True)) for r in sink.close())
     staged, count = collect_parts(reports, encoded, sent=uploads is not None)
+    sidecars = {VERSIONS: diff_versions(ordered, local, first_part=TRUNCATE_PART + 1, uploads=uploads,
+                                        truncate=(window.truncate_version or "") if window.truncated else None)}
     if "parquet" in fmts:  # Spark's writer, one file, typed by the table's schema or the diff's own images
         net = delta.frame(spark)
         sent = uploads if uploads is not None and "parquet" in uploads.by_format else None
@@ -131,4 +139,4 @@ def _build(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_p
             raise RuntimeError(f"the parquet diff holds {written.rows} changes, the other formats {count}")
         staged["parquet"], count = StagedFormat("parquet", (written.path,), written.bytes), written.rows
     return BuiltArtifact("diff", from_position, to_position, count, staged, window.truncated, 0.0,
-                         {"segments": len(segments), "partitions": width, "delta": delta}, uploads)
+                         {"segments": len(segments), "partitions": width, "delta": delta}, uploads, sidecars)

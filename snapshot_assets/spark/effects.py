@@ -45,10 +45,10 @@ from pyspark.sql import functions as F
 from resources.buffer.reader import SegmentRef
 from resources.buffer.segments import SCHEMA, derived_columns, with_images
 from resources.destinations.s3 import S3Connection
-from snapshot_assets.archive import gojson
+from snapshot_assets.archive import gojson, versions
 from snapshot_assets.archive.algebra import KeyEffect, KeyNet, carries_key, key_effects, partial_image
 from snapshot_assets.archive.changes import Action, Change, Row
-from snapshot_assets.archive.keys import TypedKey, laredo_row_key, row_key
+from snapshot_assets.archive.keys import key_json, laredo_row_key, row_key
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
 from snapshot_assets.spark.remote_io import read_parquet_files
 
@@ -73,17 +73,16 @@ EFFECT_ARROW = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("existed",
                           ("link", pa.string())])
 EFFECT_DDL = ddl_of(EFFECT_ARROW)
 EFFECT_COLUMNS = tuple(EFFECT_ARROW.names)
-NET_DDL = "key STRING, action STRING, change_key STRING, old STRING, new STRING"
-STATE_DDL = "key STRING, row STRING"
+# `ver`: the version of the key's last change (archive/versions.py), null where unknown.
+NET_DDL = "key STRING, action STRING, change_key STRING, old STRING, new STRING, ver STRING"
+STATE_DDL = "key STRING, row STRING, ver STRING"
+#: A buffer row's version text (`archive.versions.version_text` in SQL): the one definition over the buffer's columns.
+VERSION_SQL = (f"concat_ws('{versions.SEP}', position, coalesce(commit_time, ''), "
+               f"IF(action = 'SNAPSHOT', '{versions.COPY}', '{versions.CHANGE}'))")
 _CHANGES = "action IN ('INSERT', 'UPDATE', 'DELETE')"
 
 EffectRow = tuple[str | None, int, bool | None, str | None, bool | None, bool | None, str | None, str | None,
                   str | None, str | None]
-
-
-def key_json(key: TypedKey) -> str:
-    """The grouping key of a typed key: canonical JSON, exact integers (equal to the buffer's `key`)."""
-    return gojson.dumps(list(key))
 
 
 def decode_row(text: str | None) -> Row | None:
@@ -210,6 +209,7 @@ class WindowFacts:
     unnamed: bool
     gaps: bool
     legacy: bool
+    truncate_version: str | None = None  # the version of the last TRUNCATE (one scope: production)
 
 
 def window_facts(rows: DataFrame, scope: Sequence[str] = ()) -> WindowFacts:
@@ -226,6 +226,7 @@ def window_facts(rows: DataFrame, scope: Sequence[str] = ()) -> WindowFacts:
         .alias("unnamed"),
         F.max(F.when(F.col("unchanged").isNotNull(), seq)).alias("gap"),
         F.max(F.when(F.expr(_CHANGES) & F.col("change_key").isNull(), seq)).alias("legacy"),
+        F.max_by(F.expr(VERSION_SQL), F.when(F.col("action") == "TRUNCATE", seq)).alias("truncate_version"),
     ).collect()
 
     def any_after(name: str) -> bool:
@@ -233,8 +234,9 @@ def window_facts(rows: DataFrame, scope: Sequence[str] = ()) -> WindowFacts:
 
     schema = ", ".join([*(f"`{c}` {rows.schema[c].dataType.simpleString()}" for c in scope), "cut BIGINT"])
     cuts = rows.sparkSession.createDataFrame([(*(r[c] for c in scope), r["cut"]) for r in facts], schema)
+    truncates = [r["truncate_version"] for r in facts if r["cut"] is not None]
     return WindowFacts(cuts, any(r["cut"] is not None for r in facts), any_after("partial"), any_after("unnamed"),
-                       any_after("gap"), any_after("legacy"))
+                       any_after("gap"), any_after("legacy"), truncates[0] if len(truncates) == 1 else None)
 
 
 def after_cut(rows: DataFrame, facts: WindowFacts, scope: Sequence[str] = ()) -> DataFrame:
@@ -348,6 +350,7 @@ def net_rows(folded: DataFrame, key_fields: Sequence[str], scope: Sequence[str] 
         F.when(present, F.col("last_key")).otherwise(F.col("first_key")).alias("change_key"),
         F.when(existed, F.col("before")).alias("old"),
         F.col("after").alias("new"),
+        F.lit(None).cast("string").alias("ver"),
         *scope)
 
 
@@ -357,11 +360,24 @@ def net_changes(effects: DataFrame, key_fields: Sequence[str], *, truncated: boo
     return net_rows(fold(marked, partitions=partitions), key_fields)
 
 
+def key_versions(changes: DataFrame) -> DataFrame:
+    """(key, ver): every key the changes touch (both keys of a primary-key change) with the version
+    of its last change, by seq. Over the changes after the cut: proportional to the window."""
+    touched = changes.selectExpr("seq", f"{VERSION_SQL} AS ver", "explode(array_compact(array(key, old_key))) AS key")
+    return touched.groupBy("key").agg(F.max_by("ver", "seq").alias("ver"))
+
+
+def with_versions(net: DataFrame, changes: DataFrame) -> DataFrame:
+    """Net changes (NET_DDL) with `ver` from `key_versions` of the changes they were folded from."""
+    columns = [c.split()[0] for c in NET_DDL.split(",")]
+    return net.drop("ver").join(key_versions(changes), "key", "left").select(*columns)
+
+
 def apply_net(base: DataFrame, net: DataFrame) -> DataFrame:
     """The new state (STATE_DDL): base rows whose key no net change touches, plus every key whose
-    net change leaves a row (INSERT/UPDATE: its `new`). A net DELETE just removes the key."""
+    net change leaves a row (INSERT/UPDATE: its `new`, its version). A net DELETE just removes the key."""
     untouched = base.join(net.select("key"), "key", "left_anti")
-    return untouched.unionByName(net.filter("new IS NOT NULL").selectExpr("key", "new AS row"))
+    return untouched.unionByName(net.filter("new IS NOT NULL").selectExpr("key", "new AS row", "ver"))
 
 
 def materialize(frame: DataFrame, where: Path | Location) -> DataFrame:

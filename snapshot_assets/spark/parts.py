@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame
 
 from snapshot_assets.archive.changes import Change, Row
 from snapshot_assets.archive.formats import Format, get_format
+from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.effects import decode_row
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.pieces import PieceWriter, Sent, Uploads
@@ -218,6 +219,8 @@ class BuiltArtifact:
     seconds: float = 0.0
     details: Mapping[str, Any] = field(default_factory=dict)
     uploads: Uploads | None = None  # where the tasks sent the pieces (`Sent` parts), to be completed
+    #: objects written beside the artifact, not formats of it (the versions object: archive/versions.py)
+    sidecars: Mapping[str, StagedFormat] = field(default_factory=dict)
 
 
 def prepare_staging(staging_dir: Path | str | Location, formats: Sequence[str]) -> Location:
@@ -230,7 +233,7 @@ def prepare_staging(staging_dir: Path | str | Location, formats: Sequence[str]) 
     if root.remote:
         root.clear()
         return root
-    for fid in formats:
+    for fid in (*formats, VERSIONS):
         shutil.rmtree(root.path / fid, ignore_errors=True)
         (root.path / fid).mkdir(parents=True, exist_ok=True)
     return root

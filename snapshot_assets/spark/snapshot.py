@@ -40,9 +40,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from resources.buffer.reader import SegmentRef
 from resources.destinations.s3 import S3Connection
+from snapshot_assets.archive import versions
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.key_index import block_bytes_for
 from snapshot_assets.archive.row_schema import RowSchema
+from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.bases import Base, LayeredBase, latest_images
 from snapshot_assets.spark.effects import default_partitions, materialize
 from snapshot_assets.spark.locations import Location
@@ -59,9 +61,10 @@ from snapshot_assets.spark.state import (
     bucket_count,
     bucket_expr,
     buckets_from_reports,
-    concatenated,
     emptied,
     encode_rows,
+    piece_bytes,
+    piece_formats,
     sample_bounds,
     write_buckets,
 )
@@ -152,10 +155,9 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
     """Rewrite the buckets the changes since the state fall in. SchemaMisfit when a changed row does
     not fit the state's typed columns (the caller re-types the table with a new schema)."""
     state = layered.state
-    layers = [d.rows(spark, formats) or encode_rows(d.frame(spark).selectExpr("key", "new AS row"), fields, formats)
-              for d in layered.deltas]
+    layers = [d.rows(spark, formats) or encode_rows(d.images(spark), fields, formats) for d in layered.deltas]
     if window is not None:
-        layers.append(encode_rows(window.selectExpr("key", "new AS row"), fields, formats))
+        layers.append(encode_rows(window.selectExpr("key", "new AS row", "ver"), fields, formats))
     bounds = state.bounds
     moved = replace(state, path=state_dir.uri, s3=state_dir.s3, position=position)
     if not layers:
@@ -188,8 +190,6 @@ def _out_of_balance(state: StateBase, bucket_bytes: int) -> bool:
 def _regenerate_task(batches: Iterable[Any], staging: str | None, formats: tuple[str, ...], uploads: Uploads | None,
                      s3: S3Connection | None) -> Iterator[Any]:
     """Re-concatenate the stored bytes of whole buckets (rows files), no decoding."""
-    from snapshot_assets.spark.state import _lines
-
     done: list[tuple[str, int, str, int]] = []
     for batch in batches:
         for bucket, path in zip(batch.column("bucket").to_pylist(), batch.column("path").to_pylist(), strict=True):
@@ -198,9 +198,9 @@ def _regenerate_task(batches: Iterable[Any], staging: str | None, formats: tuple
                     for f in formats}
             try:
                 with input_file(path, s3) as source:
-                    for rows in pq.ParquetFile(source).iter_batches(batch_size=65536, columns=["row", "pb"]):
+                    for rows in pq.ParquetFile(source).iter_batches(batch_size=65536, columns=["row", "pb", "ver"]):
                         for fid, out in outs.items():
-                            out.stream.write(concatenated(_lines(rows) if fid == "jsonl" else rows.column("pb")))
+                            out.stream.write(piece_bytes(rows, fid))
             except BaseException:
                 for out in outs.values():
                     out.abort()
@@ -221,7 +221,7 @@ def regenerate(spark: SparkSession, state: StateBase, indexes: Sequence[int], st
     todo = [(i, state.buckets[i].path) for i in indexes if state.buckets[i].path]
     if not todo:
         return []
-    fids = tuple(f for f in formats if f in BYTE_FORMATS)
+    fids = piece_formats(formats)
     frame = spark.createDataFrame(todo, "bucket INT, path STRING").repartition(len(todo))
     func = functools.partial(_regenerate_task, staging=None if staging is None else str(staging), formats=fids,
                              uploads=uploads, s3=state.s3)
@@ -286,7 +286,9 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
         raise ValueError(f"staging {staging.uri} is in S3: the build needs its targets (the tasks send the pieces)")
     object_keys = {f: targets.key("snapshot", None, to_position, get_format(f).extension)
                    for f in fmts} if targets is not None else {}
-    pieces = _Pieces(staging, targets, {f: k for f, k in object_keys.items() if f in BYTE_FORMATS})
+    if targets is not None:
+        object_keys[VERSIONS] = targets.key("snapshot", None, to_position, versions.EXTENSION)
+    pieces = _Pieces(staging, targets, {f: k for f, k in object_keys.items() if f in piece_formats(fmts)})
     parquet: Uploads | None = None
     try:
         if "parquet" in fmts and staging.remote:
@@ -300,13 +302,14 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
         state = build.state
         keys = previous_keys or {}
         untouched = [i for i in range(len(state.buckets)) if i not in build.written]
-        if previous is not None and any(f not in keys for f in fmts if f in BYTE_FORMATS):
+        if previous is not None and any(f not in keys for f in piece_formats(fmts)):
             again = regenerate(spark, state, untouched, pieces.staged, fmts, pieces.current(len(state.buckets)))
             build = StateBuild(state, build.written, {**build.blobs, **pieces.blobs(again)}, build.mode)
         staged: dict[str, StagedFormat] = {}
         for fid in fmts:
             if fid in BYTE_FORMATS:
                 staged[fid] = byte_pieces(build, fid, previous, keys.get(fid))
+        sidecars = {VERSIONS: byte_pieces(build, VERSIONS, previous, keys.get(VERSIONS))}
         if "parquet" in fmts:  # Spark's writer, one file, from the state's typed columns (nothing re-typed)
             target = None if parquet is not None else staging.path / "parquet" / "snapshot.parquet"
             written = write_snapshot(state.typed_frame(spark), target, uploads=parquet) if state.rows else \
@@ -324,7 +327,7 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
     uploads = pieces.uploads.merged(parquet) if pieces.uploads is not None else parquet
     built = BuiltArtifact("snapshot", None, to_position, state.rows, staged, truncated, time.monotonic() - started,
                           {"state": state, "base": base.describe(), "segments": len(segments), "mode": build.mode,
-                           "buckets": len(state.buckets), "rewritten": len(build.written)}, uploads)
+                           "buckets": len(state.buckets), "rewritten": len(build.written)}, uploads, sidecars)
     log.info("snapshot at %s (%s) from %s + %d segments: %d rows, %d of %d buckets written in %.2fs", to_position,
              build.mode, base.describe(), len(segments), state.rows, len(build.written), len(state.buckets),
              built.seconds)

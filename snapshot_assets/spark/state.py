@@ -6,7 +6,8 @@ the epochs, `<state_root>/buckets/`):
   buckets/<token>-<bucket>.parquet   ROWS_DDL: key (canonical key JSON), sk (`sortkey`), row (the
                                      row's Go-JSON text: its jsonl snapshot line without the newline),
                                      pb (its length-delimited protobuf SnapshotRow, null when the
-                                     archive has no protobuf format), sorted by sk.
+                                     archive has no protobuf format), ver (the version of its last
+                                     change: archive/versions.py), sorted by sk.
   epoch=N/_snapshotter_state.json    the marker, written last: position, key fields, formats, and the
                                      ordered bucket list (lower bound, file, rows, bytes per format,
                                      key index entries: archive/key_index.py).
@@ -59,6 +60,7 @@ from snapshot_assets.archive.key_index import (
 from snapshot_assets.archive.keys import row_key
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.archive.sortkey import sort_key_of
+from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
 from snapshot_assets.spark.effects import NET_DDL, decode_row
 from snapshot_assets.spark.locations import Location
@@ -67,11 +69,16 @@ from snapshot_assets.spark.pieces import PieceWriter, Uploads
 from snapshot_assets.spark.remote_io import read_parquet_files
 
 STATE_MARKER = "_snapshotter_state.json"
-STATE_VERSION = 2
-ROWS_DDL = "key STRING, sk BINARY, row STRING, pb BINARY"
-ENCODED_DDL = "bucket INT, key STRING, sk BINARY, row STRING, pb BINARY"
+STATE_VERSION = 3  # 3: rows keep their version (a state of 2 has none: one full build writes them)
+ROWS_DDL = "key STRING, sk BINARY, row STRING, pb BINARY, ver STRING"
 #: Formats whose artifact is the concatenation of per-row records (no header, no footer).
 BYTE_FORMATS = ("jsonl", "protobuf")
+
+
+def piece_formats(formats: Sequence[str]) -> tuple[str, ...]:
+    """What every bucket writes a piece of: the archive's byte formats, and the versions object
+    beside the snapshot (one line per row, in the same order: archive/versions.py)."""
+    return (*(f for f in formats if f in BYTE_FORMATS), VERSIONS)
 TARGET_BUCKET_BYTES = DEFAULT_BUCKET_BYTES
 MAX_GROWTH = 4
 SAMPLES_PER_BUCKET = 32
@@ -115,12 +122,13 @@ def _encode_batches(batches: Iterable[Any], key_fields: tuple[str, ...], protobu
 
 
 def encode_rows(frame: DataFrame, key_fields: Sequence[str], formats: Sequence[str]) -> DataFrame:
-    """(key, row) -> ROWS_DDL: the sort key and the protobuf record of each row (null `row`: a key
-    that is deleted keeps only its sort key). With `encode_net`, the one place rows are encoded."""
+    """(key, row, ver) -> ROWS_DDL: the sort key and the protobuf record of each row (null `row`: a
+    key that is deleted keeps only its sort key). With `encode_net`, the one place rows are encoded."""
     func = functools.partial(_encode_batches, key_fields=tuple(key_fields), protobuf="protobuf" in formats,
                              text_column="row")
-    return frame.select("key", "row").mapInArrow(func, "key STRING, row STRING, sk BINARY, pb BINARY") \
-        .select("key", "sk", "row", "pb")
+    encoded = frame.select("key", "row", "ver").mapInArrow(func, "key STRING, row STRING, ver STRING, sk BINARY, "
+                                                                 "pb BINARY")
+    return encoded.select("key", "sk", "row", "pb", "ver")
 
 
 def encode_net(net: DataFrame, key_fields: Sequence[str], formats: Sequence[str]) -> DataFrame:
@@ -128,7 +136,8 @@ def encode_net(net: DataFrame, key_fields: Sequence[str], formats: Sequence[str]
     the rows it brings into the archive once, and the next snapshot merges those bytes."""
     func = functools.partial(_encode_batches, key_fields=tuple(key_fields), protobuf="protobuf" in formats,
                              text_column="new")
-    return net.select("key", "action", "change_key", "old", "new").mapInArrow(func, f"{NET_DDL}, sk BINARY, pb BINARY")
+    return net.select("key", "action", "change_key", "old", "new", "ver") \
+        .mapInArrow(func, f"{NET_DDL}, sk BINARY, pb BINARY")
 
 
 def _sample_batches(batches: Iterable[Any]) -> Iterator[Any]:
@@ -183,6 +192,22 @@ def _lines(rows: Any) -> Any:
     return pc.binary_join_element_wise(rows.column("row"), pa.scalar("\n"), pa.scalar(""))
 
 
+def _version_lines(rows: Any) -> Any:
+    """The versions object's lines of a rows slice: each row's version (empty: unknown) and a newline."""
+    import pyarrow.compute as pc
+
+    return pc.binary_join_element_wise(pc.fill_null(rows.column("ver"), ""), pa.scalar("\n"), pa.scalar(""))
+
+
+def piece_bytes(rows: Any, format_id: str) -> memoryview:
+    """A rows slice's bytes in one piece format, back to back (stored bytes, no per-row Python)."""
+    if format_id == "jsonl":
+        return concatenated(_lines(rows))
+    if format_id == VERSIONS:
+        return concatenated(_version_lines(rows))
+    return concatenated(rows.column("pb"))
+
+
 # --- writing buckets --------------------------------------------------------------------------------
 
 
@@ -206,8 +231,9 @@ class _IndexMarks:
         starts: dict[str, Any] = {}
         for fid in self._formats:
             stored = pc.binary_length(rows.column("row")) if fid == "jsonl" else \
+                pc.fill_null(pc.binary_length(rows.column("ver")), 0) if fid == VERSIONS else \
                 pc.fill_null(pc.binary_length(rows.column("pb")), 0)
-            lengths = stored.to_numpy(zero_copy_only=False).astype(np.int64) + (1 if fid == "jsonl" else 0)
+            lengths = stored.to_numpy(zero_copy_only=False).astype(np.int64) + (0 if fid == "protobuf" else 1)
             ends = np.cumsum(lengths) + self._at[fid]
             starts[fid] = ends - lengths
             self._at[fid] = int(ends[-1])
@@ -252,7 +278,7 @@ class _BucketOut:
         self.rows += rows.num_rows
         self._marks.add(rows)
         for fid, piece in self._pieces.items():
-            piece.stream.write(concatenated(_lines(rows) if fid == "jsonl" else rows.column("pb")))
+            piece.stream.write(piece_bytes(rows, fid))
 
     def close(self) -> list[_Report]:
         self._writer.close()
@@ -302,12 +328,12 @@ def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: int, poo
     `uploads` (`staging` None); its key index entries every `block_bytes`. Returns the tasks'
     reports (REPORT_DDL); a value that does not fit the typed columns raises SchemaMisfit."""
     where = Location.of(pool).make()
-    byte_formats = tuple(f for f in formats if f in BYTE_FORMATS)
+    byte_formats = piece_formats(formats)
     func = functools.partial(_bucket_task, pool=where, staging=None if staging is None else str(staging),
                              token=uuid.uuid4().hex[:12], formats=byte_formats, uploads=uploads,
                              block_bytes=block_bytes)
     typed = ["columns"] if "columns" in encoded.columns else []
-    frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb", *typed)
+    frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb", "ver", *typed)
     frame = frame.repartition(max(1, touched), "bucket").sortWithinPartitions("bucket", "sk")
     with refusing_misfits():
         return list(frame.mapInArrow(func, REPORT_DDL).collect())
@@ -415,17 +441,17 @@ class StateBase:
         fall in: the keys' sort keys are computed (Python per wanted key), their bucket ids collected."""
         if tuple(key_fields) != self.key_fields:
             raise ValueError(f"state at {self.path} is keyed by {list(self.key_fields)}, not {list(key_fields)}")
-        wanted = keys.selectExpr("key", "CAST(NULL AS STRING) AS row")
+        wanted = keys.selectExpr("key", "CAST(NULL AS STRING) AS row", "CAST(NULL AS STRING) AS ver")
         located = encode_rows(wanted, key_fields, ())
         found = located.selectExpr(f"{bucket_expr(self.bounds)} AS b").distinct().collect()
         buckets = sorted(int(r["b"]) for r in found)
-        return self.rows_frame(spark, buckets).select("key", "row").join(keys.select("key"), "key", "left_semi")
+        return self.rows_frame(spark, buckets).select("key", "row", "ver").join(keys.select("key"), "key", "left_semi")
 
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
-        """The rows as STATE_DDL (key, row)."""
+        """The rows as STATE_DDL (key, row, ver)."""
         if tuple(key_fields) != self.key_fields:
             raise ValueError(f"state at {self.path} is keyed by {list(self.key_fields)}, not {list(key_fields)}")
-        return self.rows_frame(spark).select("key", "row")
+        return self.rows_frame(spark).select("key", "row", "ver")
 
     def describe(self) -> str:
         return f"state dataset {self.path} at {self.position} ({self.rows} rows, {len(self.buckets)} buckets)"
@@ -435,9 +461,7 @@ class StateBase:
         before the state kept its entries has rows: the next full build writes them)."""
         if any(b.index is None and b.rows for b in self.buckets):
             return None
-        fids = [f for f in self.formats if f in BYTE_FORMATS]
-        if not fids:
-            return None
+        fids = piece_formats(self.formats)
         return KeyIndex.of_buckets(self.key_fields, self.position,
                                    [b.index or ((), {}) for b in self.buckets],
                                    [{f: b.sizes.get(f, 0) for f in fids} for b in self.buckets])
@@ -499,6 +523,5 @@ def emptied(buckets: Sequence[Bucket], indexes: Iterable[int], formats: Sequence
     """`buckets` with the given ones emptied (rewritten, nothing left in them)."""
     out = list(buckets)
     for i in indexes:
-        out[i] = replace(out[i], path=None, rows=0, sizes={f: 0 for f in formats if f in BYTE_FORMATS},
-                         index=((), {}))
+        out[i] = replace(out[i], path=None, rows=0, sizes=dict.fromkeys(piece_formats(formats), 0), index=((), {}))
     return tuple(out)

@@ -15,6 +15,8 @@ how each step works):
            window holds partial before-images and has no TRUNCATE)
   net      insert / update / delete per key (SQL; a DELETE whose before-image lacks its key is
            named in Python, only when an UPDATE in the window sent such an image)
+  version  each net change's `ver`: the position and commit time of the key's last change
+           (`effects.key_versions`, one aggregate by key over the changes after the cut)
 
 `advance` applies that to the base: the table at the window's end.
 """
@@ -41,6 +43,7 @@ from snapshot_assets.spark.effects import (
     read_window,
     upgrade_legacy,
     window_facts,
+    with_versions,
 )
 from snapshot_assets.spark.images import complete_befores, fill_gaps
 from snapshot_assets.spark.locations import Location
@@ -48,10 +51,12 @@ from snapshot_assets.spark.locations import Location
 
 @dataclass(frozen=True, slots=True)
 class NetWindow:
-    """The net changes of a window (NET_DDL rows) and whether it held a TRUNCATE (written first)."""
+    """The net changes of a window (NET_DDL rows) and whether it held a TRUNCATE (written first),
+    with the version of that TRUNCATE (archive/versions.py)."""
 
     net: DataFrame
     truncated: bool
+    truncate_version: str | None = None
 
 
 def net_window(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, key_fields: Sequence[str], *,
@@ -75,7 +80,8 @@ def net_window(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
         folded = complete_befores(folded, start.frame(spark, fields))
     if facts.unnamed:  # net_rows reads it twice
         folded = materialize(folded, scratch / "folded")
-    return NetWindow(net_rows(folded, fields, unnamed=facts.unnamed), facts.truncated)
+    net = with_versions(net_rows(folded, fields, unnamed=facts.unnamed), changes)
+    return NetWindow(net, facts.truncated, facts.truncate_version)
 
 
 def advance(spark: SparkSession, base: Base, segments: Sequence[SegmentRef], key_fields: Sequence[str], *,

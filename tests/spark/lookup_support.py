@@ -5,6 +5,7 @@ re-base (most buckets copied, their key index entries kept) and one more diff.""
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from resources.subscribers.events import (
     TableSchema,
     TxEnd,
 )
+from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Action
 from snapshot_assets.archive.keys import TypedKey, typed_key
 from snapshot_assets.archive.manifest import DIFF, SNAPSHOT, Artifact, Manifest, utc_now
@@ -47,9 +49,24 @@ class Built:
     key_fields: tuple[str, ...]
     rebase: BuiltArtifact  # the epoch-2 snapshot (incremental)
     keys: list[TypedKey]  # every key that ever existed
+    changes: list[list[TypedKey]]  # the keys each transaction changed (positions[1:], in order)
 
     def reader(self) -> ArchiveReader:
         return ArchiveReader(self.dest, PREFIX, key_fields=self.key_fields)
+
+    def expected_version(self, key: TypedKey, at: str) -> tuple[str, str | None, bool]:
+        """(position, commit time, copied) of the key's last change at or before the boundary `at`:
+        the oracle of get()'s version, from what the buffer was given."""
+        last = self.positions.index(at)
+        for i in range(last, 0, -1):
+            if key in self.changes[i - 1]:
+                return self.positions[i], gojson.time_text(commit_time(i)), False
+        return self.positions[0], None, True
+
+
+def commit_time(wave: int) -> _dt.datetime:
+    """The commit time the source gives transaction `wave` (1-based)."""
+    return _dt.datetime(2026, 11, 1, 12, 0, wave, 250000 * (wave % 4), tzinfo=_dt.timezone.utc)
 
 
 def _buffer(root: Path, table: str, columns: Sequence[Column], make: Callable[[int, int], dict[str, Any]],
@@ -63,12 +80,11 @@ def _buffer(root: Path, table: str, columns: Sequence[Column], make: Callable[[i
         buffer.append(ResyncEnd(format_lsn(lsn), initial))
         positions.append(format_lsn(lsn))
         for w, wave in enumerate(waves, start=1):
+            lsn += 0x40 * (len(wave) + 1)  # a change's position is its transaction's commit position
             for action, i in wave:
-                lsn += 0x40
                 old = make(i, 0) if action is not Action.INSERT else None
                 new = make(i, w) if action is not Action.DELETE else None
-                buffer.append(ChangeEvent(format_lsn(lsn), action, old, new))
-            lsn += 0x40
+                buffer.append(ChangeEvent(format_lsn(lsn), action, old, new, commit_time=commit_time(w)))
             buffer.append(TxEnd(format_lsn(lsn)))
             positions.append(format_lsn(lsn))
         buffer.seal()
@@ -112,7 +128,7 @@ def build_archive(spark: Any, work: Path, table: str, columns: Sequence[Column],
                                   work / f"d{n}", work / f"delta{n}"), dest, 1, table, columns)
     state: StateBase = first.details["state"]
     previous = {fid: f"{PREFIX}epoch=1/snapshot-{p[0].replace('/', '_')}{ext}"
-                for fid, ext in (("jsonl", ".jsonl"), ("protobuf", ".pb"))}
+                for fid, ext in (("jsonl", ".jsonl"), ("protobuf", ".pb"), ("versions", ".versions"))}
     rebase = build_snapshot(spark, LayeredBase(state, ()), reader.segments(p[0], p[3]), p[3], key_fields, FORMATS_,
                             work / "s2", work / "state" / "epoch=2", previous_keys=previous, bucket_bytes=bucket_bytes)
     m = _commit(m, rebase, dest, 2, table, columns)
@@ -120,7 +136,8 @@ def build_archive(spark: Any, work: Path, table: str, columns: Sequence[Column],
                               work / "d3", work / "delta3"), dest, 2, table, columns)
     assert m.head_position == p[4] and not m.problems()
     ever = [typed_key(make(i, 0), key_fields) for i in range(initial + 41)]
-    return Built(dest, positions, key_fields, rebase, ever)
+    changed = [[typed_key(make(i, 0), key_fields) for _, i in wave] for wave in waves]
+    return Built(dest, positions, key_fields, rebase, ever, changed)
 
 
 def int_row(i: int, version: int) -> dict[str, Any]:

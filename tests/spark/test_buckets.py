@@ -63,8 +63,8 @@ def test_sort_key_keeps_the_order_of_integers_and_strings(ints: list[int], texts
 @given(st.lists(st.one_of(st.integers(min_value=-(2**90), max_value=2**90), st.text(max_size=5), st.none()),
                 min_size=1, max_size=3))
 def test_the_sort_key_of_a_key_json_is_the_sort_key_of_its_values(values: list[Any]) -> None:
+    from snapshot_assets.archive.keys import key_json
     from snapshot_assets.archive.sortkey import sort_key_of
-    from snapshot_assets.spark.effects import key_json
 
     assert sort_key_of(key_json(tuple(values))) == sort_key(values)
 
@@ -205,8 +205,8 @@ def test_a_rebase_after_diffs_merges_the_rows_the_diffs_encoded(spark: Any, tmp_
 
 
 def test_rows_of_some_keys_come_from_their_buckets_only(spark: Any, tmp_path: Path) -> None:
+    from snapshot_assets.archive.keys import key_json
     from snapshot_assets.spark.bases import rows_for
-    from snapshot_assets.spark.effects import key_json
 
     reader, positions = buffer_with(tmp_path / "buffer", 2000, [])
     resync = reader.latest_resync()

@@ -18,13 +18,13 @@ from resources.destinations.local import LocalDestination
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Action, Change, Row
 from snapshot_assets.archive.formats.parquet import ParquetFormat
-from snapshot_assets.archive.keys import diff_key, laredo_row_key, snapshot_key, typed_key
+from snapshot_assets.archive.keys import diff_key, key_json, laredo_row_key, snapshot_key, typed_key
 from snapshot_assets.archive.manifest import Artifact, FormatRef
 from snapshot_assets.archive.positions import compare_lsn
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.row_schema import ColumnType, RowSchema
 from snapshot_assets.pipeline.commit import commit_artifact
-from snapshot_assets.spark.effects import decode_row, key_json
+from snapshot_assets.spark.effects import decode_row
 from snapshot_assets.spark.parquet_artifact import (
     SchemaMisfit,
     infer_row_schema,
