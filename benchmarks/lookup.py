@@ -22,6 +22,7 @@ Run: `.venv/bin/python benchmarks/lookup.py [--rows 1000000] [--lookups 200] [--
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import os
 import random
 import statistics
@@ -109,14 +110,14 @@ def build(work: Path, rows: int, changes: int, seed: int) -> Archive:
         for i in range(rows):
             buffer.append(SnapshotRow(make_row(i)))
         buffer.append(ResyncEnd(format_lsn(0x1000), rows))
-        lsn = 0x1000
-        for i in updated:
+        lsn, committed = 0x1000, _dt.datetime(2026, 11, 1, tzinfo=_dt.UTC)
+        for n, i in enumerate(updated):  # one transaction per change, a second apart
             lsn += 0x40
             action = Action.DELETE if i in deleted else Action.UPDATE
             buffer.append(ChangeEvent(format_lsn(lsn), action, make_row(i), None if action is Action.DELETE
-                                      else make_row(i, 1)))
-        head = format_lsn(lsn + 0x40)
-        buffer.append(TxEnd(head))
+                                      else make_row(i, 1), commit_time=committed + _dt.timedelta(seconds=n)))
+            buffer.append(TxEnd(format_lsn(lsn)))
+        head = format_lsn(lsn)
         buffer.seal()
     reader = BufferReader(work / "buffer", TABLE)
     resync = reader.latest_resync()
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ours: list[float] = []
     shares: list[float] = []
     totals: list[int] = []
-    parts: list[tuple[int, int, int]] = []  # (index, range, diffs) per lookup
+    parts: list[tuple[int, int, int, int]] = []  # (index, range, diffs, versions) per lookup
     con = duckdb.connect()
     peer: list[float] = []
     mismatches = 0
@@ -206,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         ours.append(time.perf_counter() - began)
         read = result.bytes_read
         totals.append(read.total)
-        parts.append((read.index, read.ranges + read.scanned, read.diffs))
-        shares.append((read.index + read.ranges + read.scanned) / snap.formats["jsonl"].size_bytes)
+        parts.append((read.index, read.ranges + read.scanned, read.diffs, read.versions))
+        shares.append((read.index + read.ranges + read.scanned + read.versions) / snap.formats["jsonl"].size_bytes)
+        if result.found and not result.exact:
+            print(f"key {key}: no exact version", file=sys.stderr)
+            return 1
         began = time.perf_counter()
         cursor = con.execute("SELECT * FROM read_parquet(?, hive_partitioning = false) WHERE id = ?",
                              [parquet_glob, key])
@@ -239,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         f"One snapshot of {args.rows:,} rows (jsonl {jsonl / 2**20:,.1f} MiB, parquet "
         f"{snap.formats['parquet'].size_bytes / 2**20:,.1f} MiB, key index {index_bytes / 1024:,.0f} KiB) and one "
         f"diff after it ({args.changes:,} keys updated or deleted). {args.lookups} random keys at the head (about 1% "
-        "never existed), each lookup cold: manifest, key index, one range of the jsonl snapshot, the diff. "
+        "never existed), each lookup cold: manifest, key index, one range of the jsonl snapshot and one of its "
+        "versions object, the diff (and its versions object when it changed the key): every row found comes with "
+        "its exact version. "
         "Seconds are wall time on a machine other work shares.",
         "",
         "| | this project: get(key) | DuckDB: parquet `WHERE id = ?` | ratio (p50) | target (10M rows) |",
@@ -249,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| bytes read of the snapshot (max) | {share_max * 100:.3f}% | | | ≤ 1%: {verdict_share} |",
         f"| bytes read per lookup (median; the manifest not counted) | {kib(totals)} KiB: index "
         f"{kib(p[0] for p in parts)} + snapshot range {kib(p[1] for p in parts)} + diff {kib(p[2] for p in parts)}"
+        f" + versions {kib(p[3] for p in parts)}"
         " | | | |",
         "",
         "Every key the diff did not touch got the same row from both. DuckDB reads the parquet footer and the "

@@ -10,6 +10,10 @@ The entries are made by the tasks that write each bucket (bucket-relative offset
 bucket in the state), so a re-base that copies an unchanged bucket's bytes also keeps its entries;
 the driver only shifts them by each bucket's start in the object (`KeyIndex.of_buckets`).
 
+The same entries also give each marked row's offset in the snapshot's versions object (one line
+per row, archive/versions.py), so the version of a row found at place j of a block is on line j of
+the same block there.
+
 The object sits beside its snapshot, `<snapshot key without extension>.keyindex.json` (one JSON
 document, `docs/archive-format.md`): laredo's readers never list an epoch folder, so they do not
 see it; retention deletes it with its snapshot (`pipeline/commit.py`).

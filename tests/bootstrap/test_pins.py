@@ -19,6 +19,7 @@ from snapshot_assets.archive.positions import compare_lsn
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.archive.retention import parse_time, retired_of
 from snapshot_assets.archive.verify import verify_archive
+from snapshot_assets.archive.versions import EXTENSION as VERSIONS_EXTENSION
 from snapshot_assets.pipeline.commit import artifact_object_keys
 from snapshot_assets.pipeline.table import TablePipeline
 from snapshot_assets.restore_points import pin, unpin
@@ -42,9 +43,9 @@ def _objects(archive: SourceArchive) -> set[str]:
 
 def _keys(archive: SourceArchive, arts: list[Artifact]) -> set[str]:
     """The artifacts' objects as this archive's writer made them: its formats (the Python writer
-    writes no key index; a Spark build's would be deleted with its snapshot alike)."""
+    writes no key index or versions object; a Spark build's would be deleted with its snapshot alike)."""
     return {k for a in arts for k in artifact_object_keys(archive.pipe.cfg.key_prefix, a)
-            if not k.endswith(INDEX_EXTENSION)}
+            if not k.endswith((INDEX_EXTENSION, VERSIONS_EXTENSION))}
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from snapshot_assets.archive.manifest import Artifact, loads
 from snapshot_assets.archive.pins import Pin, pin_at, with_pin
 from snapshot_assets.archive.positions import compare_sequence
 from snapshot_assets.archive.retention import RETIRED_FIELD, retired_of
+from snapshot_assets.archive.versions import EXTENSION as VERSIONS_EXTENSION
 from snapshot_assets.config import parse_config
 from snapshot_assets.pipeline.commit import (
     artifact_object_keys,
@@ -37,8 +38,9 @@ def _commit(dests: list[Destination], art: Artifact, at: _dt.timedelta, grace: _
 
 
 def _present(dest: Destination, art: Artifact) -> bool:
-    """Every format object of `art` is stored (the Python writer these tests use writes no key index)."""
-    keys = [k for k in artifact_object_keys(PREFIX, art) if not k.endswith(INDEX_EXTENSION)]
+    """Every format object of `art` is stored (the Python writer these tests use writes no key index
+    or versions object)."""
+    keys = [k for k in artifact_object_keys(PREFIX, art) if not k.endswith((INDEX_EXTENSION, VERSIONS_EXTENSION))]
     return all(next(iter(dest.list(k)), None) is not None for k in keys)
 
 

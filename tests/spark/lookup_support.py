@@ -66,7 +66,7 @@ class Built:
 
 def commit_time(wave: int) -> _dt.datetime:
     """The commit time the source gives transaction `wave` (1-based)."""
-    return _dt.datetime(2026, 11, 1, 12, 0, wave, 250000 * (wave % 4), tzinfo=_dt.timezone.utc)
+    return _dt.datetime(2026, 11, 1, 12, 0, wave, 250000 * (wave % 4), tzinfo=_dt.UTC)
 
 
 def _buffer(root: Path, table: str, columns: Sequence[Column], make: Callable[[int, int], dict[str, Any]],

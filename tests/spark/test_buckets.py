@@ -28,6 +28,7 @@ from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import snapshot_key
 from snapshot_assets.archive.positions import format_lsn
 from snapshot_assets.archive.sortkey import sort_key
+from snapshot_assets.archive.versions import VERSIONS, snapshot_versions_key
 from snapshot_assets.spark.assemble import assemble
 from snapshot_assets.spark.bases import BufferSnapshotBase, LayeredBase
 from snapshot_assets.spark.parts import Reuse
@@ -130,6 +131,7 @@ def test_a_rebase_of_recent_rows_rewrites_only_their_buckets_and_copies_the_rest
         got = dest.get(key)
         assert got is not None and got.data == expected_bytes(fid, table), fid
 
+    previous_keys[VERSIONS] = snapshot_versions_key("t", 1, positions[0])  # the versions object beside it
     second = build_snapshot(spark, LayeredBase(state, ()), reader.segments(positions[0], positions[1]),
                             positions[1], KEYS, BYTE_FORMATS, tmp_path / "staging2", tmp_path / "state" / "epoch=2",
                             previous_keys=previous_keys, bucket_bytes=16 * 1024)
@@ -138,6 +140,7 @@ def test_a_rebase_of_recent_rows_rewrites_only_their_buckets_and_copies_the_rest
     assert second.details["rewritten"] == len(touched) <= 2 < len(state.buckets)
     for fid in BYTE_FORMATS:  # the untouched buckets are ranges of the previous object, not bytes of this run
         assert any(isinstance(p, Reuse) for p in second.formats[fid].parts)
+    assert any(isinstance(p, Reuse) for p in second.sidecars[VERSIONS].parts)  # and of its versions object
     refs2 = assemble(second, [dest], "t", 2)
     for _, i in recent:
         table.pop(i, None)
@@ -243,6 +246,7 @@ def test_an_s3_rebase_copies_the_untouched_buckets_server_side(spark: Any, tmp_p
                            BYTE_FORMATS, tmp_path / "s1", tmp_path / "state" / "epoch=1", bucket_bytes=512 * 1024)
     assemble(first, [dest], "t/", 1)
     previous = {fid: snapshot_key("t/", 1, positions[0], FORMATS[fid].extension) for fid in BYTE_FORMATS}
+    previous[VERSIONS] = snapshot_versions_key("t/", 1, positions[0])
     second = build_snapshot(spark, first.details["state"], reader.segments(positions[0], positions[1]), positions[1],
                             KEYS, BYTE_FORMATS, tmp_path / "s2", tmp_path / "state" / "epoch=2",
                             previous_keys=previous, bucket_bytes=512 * 1024)

@@ -100,6 +100,7 @@ def _chain(rt: Runtime, g: Generated, positions: tuple[str, str, str, str]) -> l
         built.append(diff)
     previous = {f: artifact_key(PREFIX, snap1, 1, get_format(f).extension) for f in ("jsonl", "protobuf")}
     assert all(refs1[f].uri.endswith(k) for f, k in previous.items())
+    previous["versions"] = artifact_key(PREFIX, snap1, 1, ".versions")  # the versions object beside it
     snap2 = build_snapshot(rt.spark, LayeredBase(state1, tuple(deltas)), segments(p3, p4), p4, KEY_FIELDS, ALL,
                            rt.place("staging"), rt.place("state/epoch=2"), previous_keys=previous,
                            bucket_bytes=BUCKET_BYTES, targets=rt.targets(2), buffer_s3=rt.buffer_s3)
