@@ -35,6 +35,7 @@ _DATABASE = "snapshotter_test"
 _SERVER_SETTINGS = {
     "listen_addresses": "'127.0.0.1'",
     "wal_level": "logical",
+    "track_commit_timestamp": "on",  # get(key) tests compare commit times with pg_xact_commit_timestamp
     "max_replication_slots": "40",
     "max_wal_senders": "40",
     "max_connections": "100",
