@@ -31,7 +31,7 @@ from typing import Any
 from resources.destinations.base import ReadableDestination
 from snapshot_assets.archive.algebra import key_effects
 from snapshot_assets.archive.changes import Action, Change, Row
-from snapshot_assets.archive.errors import ArchiveError, MissingArtifact, PositionError
+from snapshot_assets.archive.errors import ArchiveError, CorruptArtifact, MissingArtifact, PositionError
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.key_index import KeyIndex, UnusableIndex, index_key
 from snapshot_assets.archive.keys import DEFAULT_KEY_FIELDS, TypedKey, key_json, typed_key
@@ -47,6 +47,7 @@ from snapshot_assets.archive.versions import (
     diff_lines,
     diff_versions_key,
     line_at,
+    parse_version,
     snapshot_versions_key,
 )
 
@@ -285,12 +286,24 @@ class Lookup:
         result.bytes_read.scanned += snap.formats[fmt.format_id].size_bytes if fmt.format_id in snap.formats else 0
         result.snapshot_bytes = result.bytes_read.scanned
         ordinal, row = _find(self.reader.iter_snapshot(snap), key, self.reader.key_fields)
-        where = snapshot_versions_key(self.reader.key_prefix, snap.epoch, snap.to_position)
-        got = self.dest.get(where) if row is not None else None
-        if got is not None:  # every format holds the rows in one order: the row's line is its ordinal's
-            result.bytes_read.versions += len(got.data)
-            _set_version(result, line_at(got.data, ordinal, self.dest.uri(where)))
+        if row is not None:  # every format holds the rows in one order: the row's line is its ordinal's
+            self._scan_version(snapshot_versions_key(self.reader.key_prefix, snap.epoch, snap.to_position), ordinal,
+                               result)
         return row
+
+    def _scan_version(self, where: str, ordinal: int, result: LookupResult) -> None:
+        """Line `ordinal` of a snapshot's versions object, streamed (no index to say where it is)."""
+        try:
+            stream = self.dest.open_read(where)
+        except FileNotFoundError:
+            return  # a snapshot built before versions were kept
+        with stream:
+            for n, line in enumerate(stream):
+                result.bytes_read.versions += len(line)
+                if n == ordinal:
+                    _set_version(result, parse_version(line.decode("utf-8").rstrip("\n"), self.dest.uri(where)))
+                    return
+        raise CorruptArtifact(f"{self.dest.uri(where)}: fewer version lines than the snapshot has rows")
 
     # ---- the diffs after it -------------------------------------------------------------------
 

@@ -123,6 +123,7 @@ def test_a_snapshot_without_an_index_is_scanned_and_says_so(int_archive: Built, 
         for key in random.Random(3).sample(int_archive.keys, 15):
             got = lookup.Lookup(reader).get(key, at)
             assert got.row == table.get(key)
+            assert got.row is None or (got.exact and got.version is not None)  # versions streamed to the row's line
             assert not got.used_index and got.bytes_read.scanned == got.snapshot_bytes > 0
             assert any("has no key index: scanning" in n for n in got.notes)
             assert "snapshot scanned" in lookup.explain(got)
