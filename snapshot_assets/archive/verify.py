@@ -11,6 +11,7 @@ from snapshot_assets.archive.errors import ArchiveError
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.manifest import Artifact, Manifest
 from snapshot_assets.archive.reader import ArchiveReader, artifact_key
+from snapshot_assets.archive.versions import snapshot_versions_key
 
 
 def object_sizes(reader: ArchiveReader) -> dict[str, int]:
@@ -27,7 +28,8 @@ def object_sizes(reader: ArchiveReader) -> dict[str, int]:
 def verify_archive(reader: ArchiveReader, m: Manifest | None = None, *, deep: bool = False) -> list[str]:
     """Every problem found, as sentences; empty when the archive is sound.
 
-    `deep` also decodes each artifact and compares its row/change count with the manifest.
+    `deep` also decodes each artifact and compares its row/change count with the manifest, and a
+    snapshot's versions object (when it has one) line by line with its rows.
     """
     try:
         m = m or reader.load_manifest()
@@ -49,7 +51,23 @@ def verify_archive(reader: ArchiveReader, m: Manifest | None = None, *, deep: bo
                 problems.append(f"{art.describe()}: {fid} object is {size} bytes, manifest says {ref.size_bytes}")
             elif deep:
                 problems.extend(_count_problems(reader, art, fid))
+        if deep and art.is_snapshot:
+            problems.extend(_versions_problems(reader, art, sizes))
     return problems
+
+
+def _versions_problems(reader: ArchiveReader, art: Artifact, sizes: dict[str, int]) -> list[str]:
+    """A snapshot's versions object has one line per row (archive/versions.py); older ones have none."""
+    key = snapshot_versions_key(reader.key_prefix, art.epoch, art.to_position)
+    if key not in sizes:
+        return []
+    lines = 0
+    with reader.dest.open_read(key) as stream:
+        while chunk := stream.read(1 << 20):
+            lines += chunk.count(b"\n")
+    if lines != art.row_count:
+        return [f"{art.describe()}: versions object holds {lines} lines, the snapshot {art.row_count} rows"]
+    return []
 
 
 def _count_problems(reader: ArchiveReader, art: Artifact, fid: str) -> list[str]:

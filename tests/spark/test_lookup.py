@@ -274,3 +274,19 @@ def gojson_time(wave: int) -> str | None:
     from tests.spark.lookup_support import commit_time
 
     return gojson.time_text(commit_time(wave)) if wave else None
+
+
+def test_verify_deep_checks_the_versions_objects(int_archive: Built, tmp_path: Path) -> None:
+    from snapshot_assets.archive.verify import verify_archive
+    from snapshot_assets.archive.versions import snapshot_versions_key
+
+    copy = LocalDestination(tmp_path / "archive")
+    shutil.copytree(int_archive.dest.root, tmp_path / "archive", dirs_exist_ok=True)
+    reader = ArchiveReader(copy, PREFIX, key_fields=int_archive.key_fields)
+    assert verify_archive(reader, deep=True) == []
+    key = snapshot_versions_key(PREFIX, 2, int_archive.positions[3])
+    got = copy.get(key)
+    assert got is not None
+    copy.put(key, got.data[: got.data.rindex(b"\n", 0, len(got.data) - 1) + 1])  # one line short
+    assert [p for p in verify_archive(reader, deep=True) if "versions object holds" in p]
+    assert lookup.Lookup(reader).get((BIG + 2500,)).exact  # the lines before the cut still read
