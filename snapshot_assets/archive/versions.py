@@ -84,7 +84,12 @@ def line_at(data: bytes, ordinal: int, where: str) -> Version | None:
 def diff_lines(data: bytes, where: str) -> Mapping[str, Version | None]:
     """A diff's versions object as key JSON -> version (TRUNCATE_KEY: the TRUNCATE's)."""
     out: dict[str, Version | None] = {}
-    for line in data.decode("utf-8").splitlines():
+    # split at newlines only: a string key may hold U+0085 or U+2028, which JSON leaves as they are
+    *lines, tail = data.split(b"\n")
+    if tail:
+        raise CorruptArtifact(f"{where}: the last line is cut off: {tail[:120]!r}")
+    for raw in lines:
+        line = raw.decode("utf-8")
         key, sep, rest = line.partition(SEP)
         if not sep:
             raise CorruptArtifact(f"{where}: not a key and version: {line[:120]!r}")
