@@ -279,6 +279,20 @@ def runs(instance: dg.DagsterInstance, job: str | None = None) -> list[dg.Dagste
     return [r.dagster_run for r in instance.get_run_records(dg.RunsFilter(job_name=job) if job else None)]
 
 
+def failure_of(instance: dg.DagsterInstance, run_id: str) -> str:
+    """Why a run failed, from its event log (the first failed step's error), for assertion messages."""
+    for entry in instance.all_logs(run_id, of_type={dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE}):
+        event = entry.dagster_event
+        error = getattr(getattr(event, "event_specific_data", None), "error", None)
+        while error is not None and error.cause is not None:  # the op's own exception, not Dagster's wrapper
+            error = error.cause
+        if error is not None:
+            return f"{getattr(event, 'step_key', None) or 'run'}: {error.message.strip()[:600]}"
+        if entry.message:
+            return entry.message[:600]
+    return "(no failure event)"
+
+
 def materializations(instance: dg.DagsterInstance, run_id: str, asset: str) -> list[dict[str, Any]]:
     out = []
     for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
@@ -528,7 +542,8 @@ def test_dagster_webserver_and_daemon(workdir: Path, instance_storage: InstanceS
         unsuccessful = [(r.run_id, r.job_name, r.tags.get(PARTITION_TAG), r.status.value) for r in runs(instance)
                         if r.job_name != "ingest_job"
                         and r.status != dg.DagsterRunStatus.SUCCESS and r.run_id not in blocked_failures]
-        assert not unsuccessful, f"artifact runs did not succeed: {unsuccessful}"
+        assert not unsuccessful, "artifact runs did not succeed: " + "; ".join(
+            f"{u} {failure_of(instance, u[0])}" for u in unsuccessful)
         client.terminate_run(ingest.run_id)
         ended = wait_for(lambda: ended_status(run_status(instance, ingest.run_id)), 90,
                          "the end of the terminated ingest run", procs)
