@@ -2,8 +2,10 @@
 
 One run is the pipeline's stages for one artifact, each a function here with one entry:
   decide  `_requested`: the boundary comes from the run's tags when a sensor requested it (so a
-          re-execution rebuilds exactly the same artifact), otherwise it is decided now (a manual
-          or forced run) by `pipeline/decide.py`;
+          re-execution rebuilds the same artifact), unless a run that went first moved the head
+          (`decide.still_due`: a diff then starts at the new head, a covered request builds
+          nothing and its run skips the manifest); otherwise it is decided now (a manual or
+          forced run) by `pipeline/decide.py`;
   build   `snapshot` / `diff`: Spark builds the artifact and uploads it to every destination
           (`TablePipeline.build`); the built `Artifact` is the asset's output, handed to the
           manifest asset through Dagster (`handoff.ArtifactIOManager`: materialization metadata in
@@ -16,6 +18,7 @@ never partitions: a partition per artifact would be thousands a day.
 """
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
@@ -31,7 +34,7 @@ from snapshot_assets.archive.retention import retired_of
 from snapshot_assets.archive.verify import verify_archive
 from snapshot_assets.handoff import settled, unsettled
 from snapshot_assets.metrics import table_metadata
-from snapshot_assets.pipeline.decide import SNAPSHOT_ONLY_TRIGGERS, NextArtifact
+from snapshot_assets.pipeline.decide import SNAPSHOT_ONLY_TRIGGERS, NextArtifact, still_due
 from snapshot_assets.pipeline.table import TablePipeline
 from snapshot_assets.tables import FROM_TAG, TO_TAG, TRIGGER_TAG, partitions, table_pipeline
 
@@ -49,10 +52,19 @@ change_buffer = dg.AssetSpec(
 )
 
 
-def _requested(context: dg.AssetExecutionContext, pipe: TablePipeline, kind: str) -> NextArtifact:
+def _requested(context: dg.AssetExecutionContext, pipe: TablePipeline, kind: str) -> NextArtifact | None:
+    """The artifact this run builds, or None when a run that started after it already covered it."""
     tags = context.run.tags
     if tags.get(TO_TAG):
-        return NextArtifact(kind, tags.get(TRIGGER_TAG, "sensor"), tags.get(FROM_TAG) or None, tags[TO_TAG])
+        requested = NextArtifact(kind, tags.get(TRIGGER_TAG, "sensor"), tags.get(FROM_TAG) or None, tags[TO_TAG])
+        due = still_due(requested, pipe.manifest(), pipe.cmp)
+        if due is None:
+            context.log.info(f"{pipe.name}: the requested {kind} up to {requested.to_position} is superseded: "
+                             f"the head {pipe.manifest().head_position} already covers it; nothing to build")
+        elif due != requested:
+            context.log.info(f"{pipe.name}: the head moved to {due.from_position} since the diff was requested "
+                             f"from {requested.from_position}; it is built from the head")
+        return due
     nxt = pipe.decide(force=(kind == "snapshot"))
     if kind == "diff":
         if nxt.kind == "snapshot" and nxt.trigger in SNAPSHOT_ONLY_TRIGGERS:
@@ -85,10 +97,14 @@ class SnapshotRequest(dg.Config):
 
 
 def _build(context: dg.AssetExecutionContext, spark: SparkResource, destinations: DestinationsResource,
-           event_sinks: EventSinksResource, kind: str, label: str = "") -> dg.Output[Artifact]:
+           event_sinks: EventSinksResource, kind: str, label: str = "") -> Iterator[dg.Output[Artifact]]:
+    """Yields the built artifact, or nothing for a superseded request: the run then succeeds with its
+    manifest step skipped (it has no artifact to commit)."""
     pipe = table_pipeline(context.partition_key, destinations, event_sinks)
     _settle_leftover(context, pipe)
     nxt = _requested(context, pipe, kind)
+    if nxt is None:
+        return
     if nxt.to_position is None:
         raise dg.Failure(f"{pipe.name}: nothing has been ingested yet")
     started = time.monotonic()
@@ -111,23 +127,23 @@ def _build(context: dg.AssetExecutionContext, spark: SparkResource, destinations
     for fid, ref in art.formats.items():
         metadata[f"bytes_{fid}"] = ref.size_bytes
         metadata[f"uri_{fid}"] = dg.MetadataValue.url(ref.uri) if ref.uri.startswith("s3://") else ref.uri
-    return dg.Output(art, metadata=metadata)
+    yield dg.Output(art, metadata=metadata)
 
 
 @dg.asset(partitions_def=PARTITIONS, deps=[change_buffer], kinds={"spark"}, group_name="snapshotter",
-          io_manager_key=ARTIFACT_IO,
+          io_manager_key=ARTIFACT_IO, output_required=False,
           description="A full base snapshot of the table (opens a new epoch), in every snapshot format.")
 def snapshot(context: dg.AssetExecutionContext, config: SnapshotRequest, spark: SparkResource,
-             destinations: DestinationsResource, event_sinks: EventSinksResource) -> dg.Output[Artifact]:
-    return _build(context, spark, destinations, event_sinks, "snapshot", config.label.strip())
+             destinations: DestinationsResource, event_sinks: EventSinksResource) -> Iterator[dg.Output[Artifact]]:
+    yield from _build(context, spark, destinations, event_sinks, "snapshot", config.label.strip())
 
 
 @dg.asset(partitions_def=PARTITIONS, deps=[change_buffer], kinds={"spark"}, group_name="snapshotter",
-          io_manager_key=ARTIFACT_IO,
+          io_manager_key=ARTIFACT_IO, output_required=False,
           description="The net change per key since the manifest head, in every diff format.")
 def diff(context: dg.AssetExecutionContext, spark: SparkResource, destinations: DestinationsResource,
-         event_sinks: EventSinksResource) -> dg.Output[Artifact]:
-    return _build(context, spark, destinations, event_sinks, "diff")
+         event_sinks: EventSinksResource) -> Iterator[dg.Output[Artifact]]:
+    yield from _build(context, spark, destinations, event_sinks, "diff")
 
 
 @dg.asset(partitions_def=PARTITIONS, ins={"snapshot": dg.AssetIn(), "diff": dg.AssetIn()}, group_name="snapshotter",

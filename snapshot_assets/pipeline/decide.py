@@ -22,6 +22,7 @@ from resources.buffer import BufferStats
 from resources.subscribers.events import SCHEMA_CHANGE
 from snapshot_assets.archive.manifest import Artifact, Manifest
 from snapshot_assets.archive.policy import Policy, TriggerState, decide, diff_size_matters
+from snapshot_assets.archive.positions import Comparator
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ DiffSize = Callable[[str, str], int]
 """(from, to) -> the encoded bytes of the diff (from, to] in the table's primary diff format."""
 
 NOTHING = NextArtifact("none", "", None, None)
+
+FORCED = "forced"
+"""The trigger of a snapshot a user asked for (UI, GraphQL, HTTP, CLI): made even at the head."""
 SNAPSHOT_ONLY_TRIGGERS = frozenset({"initial", "resync", "schema_change"})
 """Triggers after which no diff can be written: the archive's state does not continue into the buffer."""
 
@@ -100,7 +104,7 @@ def next_artifact(m: Manifest, pending: BufferStats, policy: Policy, now: _dt.da
         trigger = "schema_change" if pending.resync_reason == SCHEMA_CHANGE else "resync"
         return NextArtifact("snapshot", trigger, None, durable)
     if force:
-        return NextArtifact("snapshot", "forced", None, durable)
+        return NextArtifact("snapshot", FORCED, None, durable)
     state = trigger_state(m, pending, now, snapshot_format)
     if durable == head:
         state = dataclasses.replace(state, diff_bytes=0, changes_pending=0)
@@ -112,3 +116,28 @@ def next_artifact(m: Manifest, pending: BufferStats, policy: Policy, now: _dt.da
     if decision.kind == "diff" and durable != head:
         return NextArtifact("diff", "diff_interval", head, durable)
     return NOTHING
+
+
+def still_due(requested: NextArtifact, m: Manifest, cmp: Comparator) -> NextArtifact | None:
+    """What is left of an artifact a sensor requested, now that its run starts: itself, a diff
+    re-planned from the current head, or None when the archive already covers it (superseded).
+
+    A sensor fixes the boundary when it requests a run, but the run waits in the queue behind the
+    table's other runs (one writer per table): a forced snapshot launched from the UI or GraphQL in
+    the meantime moves the head. A diff then starts at the new head and keeps its end (its changes
+    are still in the buffer: nothing is released past the head); a diff or a snapshot whose end the
+    head has reached is not built at all. A re-base at the head's own position stays due unless the
+    head is already a snapshot there (collapsing a chain of diffs is its purpose), and a forced one
+    stays due there in any case: the user asked for a snapshot (perhaps to pin it)."""
+    head = m.head_position
+    if not head or requested.to_position is None:
+        return requested
+    ahead = cmp(head, requested.to_position)
+    if requested.kind == "diff":
+        if ahead >= 0:
+            return None
+        return requested if requested.from_position == head else dataclasses.replace(requested, from_position=head)
+    last = m.artifacts[-1] if m.artifacts else None
+    if ahead > 0 or (ahead == 0 and last is not None and last.is_snapshot and requested.trigger != FORCED):
+        return None
+    return requested

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,11 +57,29 @@ class Moto:
         """From now on every request is authenticated and authorized against moto's IAM (or not)."""
         self._post("/moto-api/reset-auth", b"0" if on else b"inf")
 
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request recorded so far, in the order the endpoint wrote them.
+
+        The recorder appends each request as a JSON document and then a newline, in two writes, from
+        the server's request threads: under concurrent requests two documents can meet on one line.
+        So the file is read as a stream of documents, not as one document per line."""
+        text = self.recording.read_text() if self.recording.exists() else ""
+        decoder = json.JSONDecoder()
+        out: list[dict[str, Any]] = []
+        at = 0
+        while True:
+            while at < len(text) and text[at].isspace():
+                at += 1
+            if at == len(text):
+                return out
+            document, at = decoder.raw_decode(text, at)
+            out.append(document)
+
     def signers(self) -> list[tuple[str, str]]:
         """(service, access key id) of every request recorded so far, from the SigV4 Authorization header."""
         out = []
-        for line in self.recording.read_text().splitlines() if self.recording.exists() else []:
-            auth = json.loads(line)["headers"].get("Authorization", "")
+        for request in self.requests():
+            auth = request["headers"].get("Authorization", "")
             if "Credential=" in auth:
                 key_id, _date, _region, service, _ = auth.split("Credential=", 1)[1].split(",")[0].split("/")
                 out.append((service, key_id))

@@ -37,7 +37,7 @@ from snapshot_assets.config import TableConfig
 from snapshot_assets.definitions import resources
 from snapshot_assets.handoff import ARTIFACT, ArtifactIOManager, unsettled
 from snapshot_assets.jobs import diff_job, ingest_job, snapshot_job
-from snapshot_assets.tables import INGEST_TABLE_TAG
+from snapshot_assets.tables import FROM_TAG, INGEST_TABLE_TAG, TO_TAG, TRIGGER_TAG
 from tests.aws.support import bucket, client
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
@@ -111,8 +111,9 @@ def _ingest(loc: Location, changes: int) -> None:
     assert tables.pipeline(TABLE).buffer().durable_position() == expected
 
 
-def _run(loc: Location, defs: dg.Definitions, job: str, *, ok: bool = True) -> dg.ExecuteInProcessResult:
-    result = defs.resolve_job_def(job).execute_in_process(partition_key=TABLE, instance=loc.instance,
+def _run(loc: Location, defs: dg.Definitions, job: str, *, ok: bool = True,
+         tags: dict[str, str] | None = None) -> dg.ExecuteInProcessResult:
+    result = defs.resolve_job_def(job).execute_in_process(partition_key=TABLE, instance=loc.instance, tags=tags,
                                                           run_config=loc.run_config(), raise_on_error=False)
     assert result.success is ok, result.all_events[-1]
     return result
@@ -252,3 +253,37 @@ def test_a_run_that_failed_at_its_manifest_is_re_executed_from_failure(location:
         assert steps == {"manifest"}
     assert loc.manifest()["artifacts"] == [built]
     assert loc.events == [f"{TABLE}:snapshot:{built['to_position']}"]
+
+
+def test_a_sensor_request_overtaken_by_a_forced_snapshot_builds_only_what_is_left(location: Location) -> None:
+    """The sensor fixed a diff's boundary; a forced snapshot (UI, GraphQL) ran first and moved the head.
+
+    Covered, the request builds nothing and the run succeeds with its manifest step skipped; partly
+    covered, the diff starts at the new head and keeps its end, so the chain stays contiguous."""
+    loc = location
+    _ingest(loc, 20)
+    _run(loc, _defs(), "snapshot_job")
+    first = loc.manifest()["head_position"]
+    _ingest(loc, 40)
+    durable = tables.pipeline(TABLE).buffer().durable_position()
+    assert durable is not None and durable != first
+    requested = {FROM_TAG: first, TO_TAG: durable, TRIGGER_TAG: "diff_interval"}  # what the sensor put in its tags
+    _run(loc, _defs(), "snapshot_job")  # the forced snapshot, decided when it runs: up to the durable position
+    before = loc.manifest()
+    assert before["head_position"] == durable
+
+    covered = _run(loc, _defs(), "diff_job", tags=requested)
+    assert not covered.asset_materializations_for_node("diff")
+    skipped = {e.step_key for e in covered.all_events if e.event_type_value == "STEP_SKIPPED"}
+    assert skipped == {"manifest"}
+    assert loc.manifest() == before
+
+    _ingest(loc, 60)
+    later = tables.pipeline(TABLE).buffer().durable_position()
+    assert later is not None
+    partly = _run(loc, _defs(), "diff_job", tags={**requested, TO_TAG: later})
+    built = _built(partly, "diff")
+    assert (built["from_position"], built["to_position"]) == (durable, later)
+    chain = loc.manifest()["artifacts"]
+    assert [(a["kind"], a.get("from_position"), a["to_position"]) for a in chain[1:]] == [
+        ("snapshot", None, durable), ("diff", durable, later)]

@@ -58,8 +58,7 @@ class ReadOnlyStore:
     def methods_signed_by_reader(self) -> set[str]:
         """HTTP methods of every request the read-only user signed (the endpoint's own record)."""
         methods = set()
-        for line in self.moto.recording.read_text().splitlines():
-            entry = json.loads(line)
+        for entry in self.moto.requests():
             if f"Credential={self.key_id}/" in entry["headers"].get("Authorization", ""):
                 methods.add(entry["method"])
         return methods

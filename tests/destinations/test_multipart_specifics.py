@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import errno
-import json
 import os
 import pickle
 import subprocess
@@ -80,7 +79,7 @@ def recorded_moto(tmp_path: Path, aws_test_credentials: None) -> Iterator[Moto]:
 
 
 def _requests(moto: Moto) -> list[dict[str, object]]:
-    return [json.loads(line) for line in moto.recording.read_text().splitlines()]
+    return moto.requests()
 
 
 @pytest.mark.s3

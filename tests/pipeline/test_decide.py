@@ -7,7 +7,8 @@ import datetime as dt
 from resources.buffer import BufferStats
 from snapshot_assets.archive.manifest import Artifact, FormatRef, Manifest, loads
 from snapshot_assets.archive.policy import Policy
-from snapshot_assets.pipeline.decide import next_artifact
+from snapshot_assets.archive.positions import compare_lsn
+from snapshot_assets.pipeline.decide import FORCED, NextArtifact, next_artifact, still_due
 
 NOW = dt.datetime(2026, 6, 3, 22, 0, tzinfo=dt.UTC)
 REF = {"jsonl": FormatRef("u", 1000)}
@@ -125,3 +126,32 @@ def test_the_last_snapshot_size_is_that_of_its_primary_format() -> None:
     assert (n.kind, n.trigger) == ("snapshot", "max_diff_fraction")
     n = next_artifact(m, pending, SIZE_POLICY, NOW, diff_size=Measure(500))  # unnamed: the smallest format
     assert (n.kind, n.trigger) == ("snapshot", "max_diff_fraction")
+
+
+def test_a_requested_diff_starts_at_the_head_it_finds_or_is_not_built() -> None:
+    """A forced snapshot that ran while the sensor's diff waited in the queue moved the head."""
+    requested = NextArtifact("diff", "diff_interval", "0/10", "0/40")
+    assert still_due(requested, manifest(dt.timedelta(minutes=1)), compare_lsn) == requested
+    moved = manifest(dt.timedelta(minutes=1), diffs=1)  # head 0/20, inside the requested range
+    assert still_due(requested, moved, compare_lsn) == NextArtifact("diff", "diff_interval", "0/20", "0/40")
+    rebased = moved.with_artifact(Artifact("snapshot", 2, None, "0/30", "2026-06-03T21:59:00Z", REF))
+    assert still_due(requested, rebased, compare_lsn) == NextArtifact("diff", "diff_interval", "0/30", "0/40")
+    covered = manifest(dt.timedelta(minutes=1), diffs=3)  # head 0/40: exactly the requested end
+    assert still_due(requested, covered, compare_lsn) is None
+    assert still_due(requested, manifest(dt.timedelta(minutes=1), diffs=4), compare_lsn) is None
+
+
+def test_a_requested_snapshot_is_superseded_only_by_a_snapshot_at_or_after_its_end() -> None:
+    rebase = NextArtifact("snapshot", "max_churn_records", None, "0/30")
+    chain = manifest(dt.timedelta(minutes=10), diffs=2)  # head 0/30 is a diff: collapsing it is the point
+    assert still_due(rebase, chain, compare_lsn) == rebase
+    behind = manifest(dt.timedelta(minutes=10), diffs=1)
+    assert still_due(rebase, behind, compare_lsn) == rebase
+    snapped = chain.with_artifact(Artifact("snapshot", 2, None, "0/30", "2026-06-03T21:59:00Z", REF))
+    assert still_due(rebase, snapped, compare_lsn) is None
+    assert still_due(NextArtifact("snapshot", FORCED, None, "0/30"), snapped, compare_lsn) is not None
+    assert still_due(rebase, manifest(dt.timedelta(minutes=10), diffs=3), compare_lsn) is None  # head 0/40
+    assert still_due(NextArtifact("snapshot", FORCED, None, "0/30"), manifest(dt.timedelta(minutes=10), diffs=3),
+                     compare_lsn) is None  # never behind the head
+    first = NextArtifact("snapshot", "initial", None, "0/10")
+    assert still_due(first, Manifest(table="public.t"), compare_lsn) == first

@@ -44,7 +44,7 @@ from snapshot_assets.spark.pieces import Targets
 from snapshot_assets.spark.session import CONNECT_MODE
 from snapshot_assets.spark.snapshot import build_snapshot
 from snapshot_assets.spark.state import StateBase
-from tests.aws.conftest import start_moto
+from tests.aws.conftest import Moto, start_moto
 from tests.spark.cluster import EXECUTOR_ACCESS_KEY, SparkCluster
 from tests.spark.conftest import TABLE, Generated, generate
 
@@ -135,11 +135,10 @@ def _parquet_view(data: bytes, kind: str) -> tuple[Any, ...]:
     return table.schema.remove_metadata(), rows, spark_schema, read
 
 
-def _signed(recording: Path) -> list[tuple[str, str, str]]:
+def _signed(moto: Moto) -> list[tuple[str, str, str]]:
     """(method, url, access key) of every request the endpoint recorded."""
     out = []
-    for line in recording.read_text().splitlines():
-        request = json.loads(line)
+    for request in moto.requests():
         auth = request["headers"].get("Authorization", "")
         key = auth.split("Credential=", 1)[1].split("/")[0] if "Credential=" in auth else ""
         out.append((request["method"], str(request["url"]), key))
@@ -192,7 +191,7 @@ def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
             assemble(again, [remote.dest], "again/", 3)
         on_s3 = _objects(remote.dest)
         from_artifact = remote.dest.get(artifact_key("again/", again, 3, ".jsonl"))
-        record = _signed(moto.recording)
+        record = _signed(moto)
         leftovers = s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])
         staged_left = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX).get("Contents", [])
                        if ".parts-" in o["Key"]]
