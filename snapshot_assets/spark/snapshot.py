@@ -364,6 +364,9 @@ def _state_build(spark: SparkSession, base: Base, segments: Sequence[SegmentRef]
                       bucket_bytes, build.state.schema)
     elif build is None:
         table, truncated = advance(spark, base, segments, fields, partitions=width, scratch=scratch, s3=buffer_s3)
+        # `_full` reads the table three times (its size, the bucket sample, the buckets); from the
+        # buffer each read would compute the rows' images in Python tasks again, and fold the window
+        table = materialize(table, scratch / "table")
         build = _full(spark, table, fields, fmts, pool, pieces, state_path, to_position, bucket_bytes, schema)
     previous = layered.state if layered is not None and build.mode == "incremental" else None
     return build, previous, truncated

@@ -64,7 +64,9 @@ def net_window(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     """The window `segments` (which must start at `base.position`) as one net change per key;
     `s3` signs the reads of segments that live in S3, `scratch` takes the intermediate datasets."""
     fields = tuple(key_fields)
-    rows = read_window(spark, segments, s3)
+    # Read two or three times below (the facts, the changes, their versions); a PostgreSQL change's
+    # images are typed and encoded in Python tasks as the buffer is read, so that happens once
+    rows = materialize(read_window(spark, segments, s3), scratch / "window")
     facts = window_facts(rows)
     changes = after_cut(rows, facts)
     if facts.legacy:
