@@ -53,14 +53,15 @@ change_buffer = dg.AssetSpec(
 
 
 def _requested(context: dg.AssetExecutionContext, pipe: TablePipeline, kind: str) -> NextArtifact | None:
-    """The artifact this run builds, or None when a run that started after it already covered it."""
+    """The artifact this run builds, or None when a run that went before it already covered it."""
     tags = context.run.tags
     if tags.get(TO_TAG):
         requested = NextArtifact(kind, tags.get(TRIGGER_TAG, "sensor"), tags.get(FROM_TAG) or None, tags[TO_TAG])
-        due = still_due(requested, pipe.manifest(), pipe.cmp)
+        m = pipe.manifest()
+        due = still_due(requested, m, pipe.cmp)
         if due is None:
             context.log.info(f"{pipe.name}: the requested {kind} up to {requested.to_position} is superseded: "
-                             f"the head {pipe.manifest().head_position} already covers it; nothing to build")
+                             f"the head {m.head_position} already covers it; nothing to build")
         elif due != requested:
             context.log.info(f"{pipe.name}: the head moved to {due.from_position} since the diff was requested "
                              f"from {requested.from_position}; it is built from the head")

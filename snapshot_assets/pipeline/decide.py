@@ -45,6 +45,7 @@ NOTHING = NextArtifact("none", "", None, None)
 
 FORCED = "forced"
 """The trigger of a snapshot a user asked for (UI, GraphQL, HTTP, CLI): made even at the head."""
+
 SNAPSHOT_ONLY_TRIGGERS = frozenset({"initial", "resync", "schema_change"})
 """Triggers after which no diff can be written: the archive's state does not continue into the buffer."""
 
