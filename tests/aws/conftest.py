@@ -76,14 +76,18 @@ class Moto:
             out.append(document)
 
     def signers(self) -> list[tuple[str, str]]:
-        """(service, access key id) of every request recorded so far, from the SigV4 Authorization header."""
-        out = []
-        for request in self.requests():
-            auth = request["headers"].get("Authorization", "")
-            if "Credential=" in auth:
-                key_id, _date, _region, service, _ = auth.split("Credential=", 1)[1].split(",")[0].split("/")
-                out.append((service, key_id))
-        return out
+        """(service, access key id) of every signed request recorded so far."""
+        return [(signed[1], signed[0]) for signed in map(credential_of, self.requests()) if signed]
+
+
+def credential_of(request: dict[str, Any]) -> tuple[str, str] | None:
+    """(access key id, service) that signed a recorded request, from its SigV4 Authorization
+    header's `Credential=<key>/<date>/<region>/<service>/aws4_request`; None when unsigned."""
+    auth = request["headers"].get("Authorization", "")
+    if "Credential=" not in auth:
+        return None
+    key_id, _date, _region, service, _ = auth.split("Credential=", 1)[1].split(",")[0].split("/")
+    return key_id, service
 
 
 def start_moto(work: Path, *, record: bool = False) -> Moto:

@@ -26,7 +26,7 @@ from botocore.exceptions import ClientError
 from snapshot_assets.archive.key_index import index_key
 from snapshot_assets.archive.keys import typed_key
 from snapshot_assets.archive.reader import ArchiveReader
-from tests.aws.conftest import Moto, start_moto
+from tests.aws.conftest import Moto, credential_of, start_moto
 from tests.aws.support import bucket, client
 from tests.spark.conftest import spark  # noqa: F401 - the Spark session that builds the archive
 from tests.spark.lookup_support import BIG, INT_COLUMNS, PREFIX, Built, build_archive, int_row
@@ -57,11 +57,8 @@ class ReadOnlyStore:
 
     def methods_signed_by_reader(self) -> set[str]:
         """HTTP methods of every request the read-only user signed (the endpoint's own record)."""
-        methods = set()
-        for entry in self.moto.requests():
-            if f"Credential={self.key_id}/" in entry["headers"].get("Authorization", ""):
-                methods.add(entry["method"])
-        return methods
+        return {entry["method"] for entry in self.moto.requests()
+                if (credential_of(entry) or ("", ""))[0] == self.key_id}
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ from snapshot_assets.spark.pieces import Targets
 from snapshot_assets.spark.session import CONNECT_MODE
 from snapshot_assets.spark.snapshot import build_snapshot
 from snapshot_assets.spark.state import StateBase
-from tests.aws.conftest import Moto, start_moto
+from tests.aws.conftest import Moto, credential_of, start_moto
 from tests.spark.cluster import EXECUTOR_ACCESS_KEY, SparkCluster
 from tests.spark.conftest import TABLE, Generated, generate
 
@@ -139,9 +139,8 @@ def _signed(moto: Moto) -> list[tuple[str, str, str]]:
     """(method, url, access key) of every request the endpoint recorded."""
     out = []
     for request in moto.requests():
-        auth = request["headers"].get("Authorization", "")
-        key = auth.split("Credential=", 1)[1].split("/")[0] if "Credential=" in auth else ""
-        out.append((request["method"], str(request["url"]), key))
+        signed = credential_of(request)
+        out.append((request["method"], str(request["url"]), signed[0] if signed else ""))
     return out
 
 
