@@ -28,10 +28,11 @@ from resources.buffer.segments import (
     SegmentWriter,
     SnapshotStaging,
     encode_snapshot_row,
+    encode_text_snapshot_row,
 )
 from resources.buffer.storage import BufferStorage
-from resources.subscribers.events import TableSchema
-from snapshot_assets.archive.changes import Row
+from resources.subscribers.events import SnapshotRow, TableSchema
+from resources.subscribers.text_rows import TextSnapshotRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +167,20 @@ class OpenResync:
     def next_seq(self) -> int:
         return self.first_seq + self.rows
 
-    def add(self, row: Row, key_fields: tuple[str, ...]) -> None:
-        where = f"re-sync row {self.rows + 1} ({self.reason}, after {self.begin_position or 'the start'})"
-        encoded = encode_snapshot_row(row, self.next_seq, key_fields, "", where)
+    def add(self, event: SnapshotRow, key_fields: tuple[str, ...]) -> None:
+        if isinstance(event, TextSnapshotRow) and event.codec.key == key_fields:
+            encoded = encode_text_snapshot_row(event, self.next_seq, "", self._where)
+        else:
+            encoded = encode_snapshot_row(event.row, self.next_seq, key_fields, "", self._where())
         self._pending.append(encoded)
         self._hll.add(encoded[3] or "")
         self.rows += 1
         if len(self._pending) >= self._row_group_rows:
             self._staging.write(self._pending)
             self._pending = []
+
+    def _where(self) -> str:
+        return f"re-sync row {self.rows + 1} ({self.reason}, after {self.begin_position or 'the start'})"
 
     def seal(self, storage: BufferStorage, target: SealTarget, position: str) -> SegmentMeta:
         """Write the snapshot segment, every row stamped with the re-sync's end `position`."""

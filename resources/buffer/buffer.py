@@ -209,7 +209,7 @@ class ChangeBuffer(BufferView):
             raise BadEventOrder(f"{self._where()}: a snapshot row outside a re-sync")
         key_fields = self._key_fields("a snapshot row")
         try:
-            self._resync.add(event.row, key_fields)
+            self._resync.add(event, key_fields)
         except ArchiveError as exc:
             raise BadChange(f"{self._where()}: {exc}") from exc
 

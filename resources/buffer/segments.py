@@ -55,7 +55,7 @@ import datetime as _dt
 import functools
 import json
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, BinaryIO, Literal
 
@@ -64,7 +64,7 @@ import pyarrow.parquet as pq
 
 from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import ChangeEvent, Column, TableSchema
-from resources.subscribers.text_rows import RowCodec, TextChange, TextValues
+from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow, TextValues
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import MalformedChange, carries_key, partial_image
 from snapshot_assets.archive.changes import Action, Row
@@ -277,8 +277,13 @@ def with_images(batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch
     columns = {name: batch.column(name).to_pylist() for name in _TEXT_ROW_COLUMNS}
     filled = {name: batch.column(name).to_pylist() for name in _IMAGE_COLUMNS}
+    keys = batch.column("key").to_pylist()
     for i, codec_text in enumerate(columns["codec"]):
         if codec_text is None:
+            continue
+        if columns["action"][i] == SNAPSHOT_ACTION:  # `encode_text_snapshot_row`'s row: its image
+            image = RowCodec.from_text(codec_text).image(_texts(columns["new_text"][i]) or ())
+            filled["new"][i] = _row_text(image, keys[i])
             continue
         absent = columns["old_absent"][i]
         unchanged = columns["unchanged"][i]
@@ -305,6 +310,20 @@ def encode_snapshot_row(row: Row, seq: int, key_fields: Sequence[str], position:
     key = key_text(row, key_fields, where)
     return (seq, position, SNAPSHOT_ACTION, key, None, _row_text(row, key), None, None, None, None, None, None, None,
             *_NO_TEXT)
+
+
+def encode_text_snapshot_row(event: TextSnapshotRow, seq: int, position: str, where: Callable[[], str]) -> RowTuple:
+    """`encode_snapshot_row` of a row kept as column text: the same key and refusals, the image left
+    as text for `with_images` (`where` names the row, only in an error)."""
+    codec, texts = event.codec, event.texts
+    if codec.is_key_only(texts):
+        raise MalformedChange(f"{where()} has {len(texts)} columns, the table {len(codec.names)}")
+    key_texts = codec.key_texts(texts)
+    key = codec.fast_key(key_texts)
+    if key is None:
+        key = key_text(codec.image(key_texts), codec.key, where())
+    return (seq, position, SNAPSHOT_ACTION, key, None, None, None, None, None, None, None, None, None,
+            codec.text, None, texts, None)
 
 
 def record_batch(rows: Sequence[RowTuple]) -> pa.RecordBatch:

@@ -116,11 +116,10 @@ from resources.subscribers.events import (
     ResyncBegin,
     ResyncEnd,
     SchemaEvent,
-    SnapshotRow,
     TableSchema,
     TxEnd,
 )
-from resources.subscribers.text_rows import RowCodec, TextChange, TextValues
+from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow, TextValues
 from snapshot_assets.archive.changes import Action, Row
 from snapshot_assets.archive.positions import format_lsn, parse_lsn
 from snapshot_assets.config import UNCHANGED_TOAST_POLICIES
@@ -198,22 +197,16 @@ class _SlotInfo:
 
 
 class _Shape:
-    """How to turn one relation's tuples into rows: column names, converters, key columns."""
+    """How to read one relation's tuples: column names, key columns, and the codec that types them."""
 
-    __slots__ = ("codec", "converters", "key", "names", "signature")
+    __slots__ = ("codec", "key", "names", "signature")
 
     def __init__(self, columns: Sequence[tuple[str, int, int]], key: Sequence[str],
                  converters: pgtypes.Converters) -> None:
         self.signature = tuple(columns)
         self.names = tuple(name for name, _, _ in columns)
-        self.converters = tuple(converters(oid) for _, oid, _ in columns)
         self.key = tuple(key)
         self.codec = RowCodec(self.names, tuple(converters.spec(oid) for _, oid, _ in columns), self.key)
-
-    def row(self, values: Sequence[str | None]) -> Row:
-        """A row from plain text values (the copy), converted exactly like the stream's."""
-        return {name: None if value is None else convert(value)
-                for name, convert, value in zip(self.names, self.converters, values, strict=True)}
 
     def texts(self, values: pgoutput.TupleData) -> tuple[TextValues, tuple[str, ...]]:
         """Stream tuple data as column texts (None for an unchanged-TOAST column too), and the names
@@ -424,8 +417,9 @@ class PostgresSubscriber:
     def _copy_out(self, info: _TableInfo, consistent_point: int) -> Generator[Event, None, int]:
         """The rows of the snapshot the query connection is in, then their position (see above)."""
         count = 0
-        for row in self._copy_rows(info, self._catalog_shape(info)):
-            yield SnapshotRow(row)
+        codec = self._catalog_shape(info).codec
+        for values in self._copy_rows(info):
+            yield TextSnapshotRow(codec, values)
             count += 1
         position = consistent_point - 1
         with self._lock:
@@ -618,7 +612,8 @@ class PostgresSubscriber:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
 
-    def _copy_rows(self, info: _TableInfo, shape: _Shape) -> Iterator[Row]:
+    def _copy_rows(self, info: _TableInfo) -> Iterator[TextValues]:
+        """Every row of the table as its columns' output text, in `info.columns` order."""
         conn = self._query
         try:
             with conn.cursor(name="snapshotter_initial_copy") as cur:
@@ -631,8 +626,7 @@ class PostgresSubscriber:
                     sql.SQL(", ").join(sql.Identifier(c.name) for c in info.columns),
                     sql.Identifier(self.schema), sql.Identifier(self.table)))
                 while batch := cur.fetchmany(self.batch_size):
-                    for values in batch:
-                        yield shape.row(values)
+                    yield from batch
             conn.commit()
         finally:
             if not conn.closed and conn.status != psycopg2.extensions.STATUS_READY:

@@ -9,7 +9,10 @@ converters and encoder ingest used before: the bytes of the archive do not depen
 conversion ran.
 
 A `TextChange` is a `ChangeEvent` whose `old` and `new` are computed from the text on access, so
-every consumer of events (tests, the decode benchmark, `fill_unchanged`) sees the usual rows.
+every consumer of events (tests, the decode benchmark, `fill_unchanged`) sees the usual rows. A
+`TextSnapshotRow` is the same for a row of the initial copy or a re-sync: the copy is the table,
+so typing and encoding it on the ingest path bounded an initial snapshot at the speed of one
+Python thread; kept as text, it is encoded in the build's tasks, column by column.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resources.subscribers import pgtypes
-from resources.subscribers.events import ChangeEvent
+from resources.subscribers.events import ChangeEvent, SnapshotRow
 from snapshot_assets.archive.changes import Action, Row
 
 TextValues = tuple[str | None, ...]
@@ -148,7 +151,33 @@ class TextChange(ChangeEvent):
     __hash__ = None  # type: ignore[assignment]  # rows are dicts, as for ChangeEvent
 
 
+class TextSnapshotRow(SnapshotRow):
+    """A row of the initial copy or a re-sync still as column text (see the module doc); `row`
+    is typed on access, so consumers that want rows (the fan-out server, tests) get them."""
+
+    __slots__ = ("codec", "texts")
+
+    codec: RowCodec
+    texts: TextValues
+
+    def __init__(self, codec: RowCodec, texts: TextValues) -> None:
+        _SET_ROW_CODEC(self, codec)
+        _SET_TEXTS(self, texts)
+
+    @property  # the parent's field, computed here
+    def row(self) -> Row:
+        return self.codec.image(self.texts)
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, SnapshotRow):
+            return self.row == other.row
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # rows are dicts, as for SnapshotRow
+
+
 _SET_POSITION, _SET_ACTION, _SET_COMMIT_TIME, _SET_UNCHANGED = (
     ChangeEvent.__dict__[name].__set__ for name in ("position", "action", "commit_time", "unchanged"))
 _SET_CODEC, _SET_OLD_TEXT, _SET_NEW_TEXT, _SET_OLD_ABSENT = (
     TextChange.__dict__[name].__set__ for name in ("codec", "old_text", "new_text", "old_absent"))
+_SET_ROW_CODEC, _SET_TEXTS = (TextSnapshotRow.__dict__[name].__set__ for name in ("codec", "texts"))

@@ -1,10 +1,12 @@
-"""PostgreSQL changes kept as column text: the rows the build reads are those of the typed changes.
+"""PostgreSQL changes and copied rows kept as column text: the rows the build reads are those of
+the typed ones.
 
 The oracle is the typed path itself: for every change a real stream delivers (every common type,
 REPLICA IDENTITY DEFAULT and FULL, unchanged TOASTed values, key changes, composite text keys,
 deletes, truncates), the buffer row written from its text and completed by `with_images` (what the
 diff job reads) must equal, column for column, the row `encode_change` writes for the same change
-with typed images, and both must touch the same keys.
+with typed images, and both must touch the same keys. The same holds for every row of a real
+initial copy against `encode_snapshot_row` of the typed row.
 """
 
 from __future__ import annotations
@@ -13,9 +15,16 @@ from typing import Any
 
 import pytest
 
-from resources.buffer.segments import SCHEMA, encode_change, record_batch, with_images
-from resources.subscribers.events import ChangeEvent
-from resources.subscribers.text_rows import RowCodec, TextChange
+from resources.buffer.segments import (
+    SCHEMA,
+    encode_change,
+    encode_snapshot_row,
+    encode_text_snapshot_row,
+    record_batch,
+    with_images,
+)
+from resources.subscribers.events import ChangeEvent, ResyncEnd, SchemaEvent, SnapshotRow
+from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow
 from snapshot_assets.archive.changes import Action
 from snapshot_assets.archive.errors import ArchiveError, EncodeError
 from tests.pg import test_postgres_source as pgsrc
@@ -74,6 +83,46 @@ def test_toast_and_composite_text_keys_read_back_as_the_typed_change(source: Any
     changes = [c for tx in stream.transactions(3) for c in tx.changes]
     assert any(c.unchanged for c in changes) == (identity == "DEFAULT")
     _as_read(changes, schema.key_fields)
+
+
+def _copied_as_read(events: list[Any], key_fields: tuple[str, ...]) -> None:
+    assert all(isinstance(e, TextSnapshotRow) for e in events if isinstance(e, SnapshotRow))
+    rows = [e for e in events if isinstance(e, TextSnapshotRow)]
+    assert rows
+    text_rows = [encode_text_snapshot_row(r, seq, "", lambda: "a copied row") for seq, r in enumerate(rows, 1)]
+    typed_rows = [encode_snapshot_row(r.row, seq, key_fields, "", "a copied row") for seq, r in enumerate(rows, 1)]
+    read = with_images(record_batch(text_rows)).to_pylist()
+    expected = record_batch(typed_rows).to_pylist()
+    assert [{k: v for k, v in r.items() if k not in _TEXT_COLUMNS} for r in read] == \
+        [{k: v for k, v in r.items() if k not in _TEXT_COLUMNS} for r in expected]
+
+
+def test_every_type_of_the_initial_copy_reads_back_as_the_typed_row(source: Any, db: Db) -> None:
+    sub, names = source()
+    t = names.table
+    db.run(_TYPES_DDL.format(t=t))
+    for i in (1, 2):
+        db.run(f"INSERT INTO {t} VALUES {_TYPES_VALUES}", i)
+    db.run(f"INSERT INTO {t} (id, t, f8, f4, jb) VALUES (3, '<b>&amp;\u2028\n\"', 1e-7, 3e21, "
+           "'{\"b\": 2.50, \"a\": [1.0, null]}')")
+    stream = Stream(sub.events(None))
+    events = stream._until(lambda e: isinstance(e, ResyncEnd), 20)
+    schema = next(e.schema for e in events if isinstance(e, SchemaEvent))
+    _copied_as_read(events, schema.key_fields)
+
+
+def test_a_copied_row_without_a_usable_key_is_refused_like_a_typed_one() -> None:
+    codec = RowCodec(("a", "b", "v"), ("int", "text", "text"), ("b", "a"))
+    for texts in [("1", None, "x"), (None, "k", "x"), ("1",)]:
+        with pytest.raises(ArchiveError) as text_error:
+            encode_text_snapshot_row(TextSnapshotRow(codec, texts), 1, "", lambda: "re-sync row 1")
+        if len(texts) == len(codec.names):
+            with pytest.raises(ArchiveError) as typed_error:
+                encode_snapshot_row(codec.image(texts), 1, codec.key, "", "re-sync row 1")
+            assert (type(text_error.value), str(text_error.value)) == \
+                (type(typed_error.value), str(typed_error.value))
+        else:
+            assert "has 1 columns, the table 3" in str(text_error.value)
 
 
 def test_a_codec_survives_its_text_and_refuses_an_unknown_converter() -> None:
