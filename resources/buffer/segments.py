@@ -59,11 +59,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, BinaryIO, Literal
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import ChangeEvent, Column, TableSchema
+from resources.subscribers.text_columns import encode_images
 from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow, TextValues
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import MalformedChange, carries_key, partial_image
@@ -265,25 +268,50 @@ _IMAGE_COLUMNS = ("old", "new", "old_key", "change_key", "old_change_key", "old_
 
 def with_images(batch: pa.RecordBatch) -> pa.RecordBatch:
     """`batch` (buffer rows, `SCHEMA`) with the images and derived columns of its text rows filled
-    in: for each, exactly what `encode_change` writes for the typed change, because it calls it.
+    in: for each, exactly what ingest would have written for the typed row. A copied row's image
+    is encoded column by column (`text_columns.encode_images`); a change's row is what
+    `encode_change` writes for the typed change, because it calls it.
 
-    This is where a PostgreSQL change's column text is typed and encoded (in the build's tasks,
-    not on the ingest path); rows that are already encoded pass through untouched.
+    This is where PostgreSQL's column text is typed and encoded (in the build's tasks, not on the
+    ingest path); rows that are already encoded pass through untouched.
     """
     if "codec" not in batch.schema.names:  # a segment written before text rows existed
         return batch
     codecs = batch.column("codec")
     if codecs.null_count == batch.num_rows:
         return batch
+    copied = pc.and_(pc.is_valid(codecs), pc.equal(batch.column("action"), SNAPSHOT_ACTION)).fill_null(False)
+    if pc.any(copied).as_py():
+        batch = _copied_images(batch, copied)
+    if pc.all(pc.or_(copied, pc.is_null(codecs))).as_py():
+        return batch
+    return _change_images(batch, copied.to_pylist())
+
+
+def _copied_images(batch: pa.RecordBatch, copied: pa.Array) -> pa.RecordBatch:
+    """`batch` with the `new` image of its copied text rows (`encode_text_snapshot_row`'s) filled."""
+    codecs, images, keys = (batch.column(name).filter(copied) for name in ("codec", "new_text", "key"))
+    distinct = pc.unique(codecs).to_pylist()
+    if len(distinct) == 1:  # the usual batch: one table shape
+        encoded = encode_images(RowCodec.from_text(distinct[0]), images, keys)
+    else:
+        out = np.empty(len(codecs), dtype=object)
+        for codec_text in distinct:
+            mine = pc.equal(codecs, codec_text)
+            out[np.flatnonzero(mine.to_numpy(zero_copy_only=False))] = encode_images(
+                RowCodec.from_text(codec_text), images.filter(mine), keys.filter(mine)).to_pylist()
+        encoded = pa.array(out, pa.string())
+    index = batch.schema.get_field_index("new")
+    filled = pc.replace_with_mask(batch.column(index), copied, encoded)
+    return batch.set_column(index, batch.schema.field(index), filled)
+
+
+def _change_images(batch: pa.RecordBatch, copied: list[bool]) -> pa.RecordBatch:
+    """`batch` with the images and derived columns of its text changes filled (`encode_change`)."""
     columns = {name: batch.column(name).to_pylist() for name in _TEXT_ROW_COLUMNS}
     filled = {name: batch.column(name).to_pylist() for name in _IMAGE_COLUMNS}
-    keys = batch.column("key").to_pylist()
     for i, codec_text in enumerate(columns["codec"]):
-        if codec_text is None:
-            continue
-        if columns["action"][i] == SNAPSHOT_ACTION:  # `encode_text_snapshot_row`'s row: its image
-            image = RowCodec.from_text(codec_text).image(_texts(columns["new_text"][i]) or ())
-            filled["new"][i] = _row_text(image, keys[i])
+        if codec_text is None or copied[i]:
             continue
         absent = columns["old_absent"][i]
         unchanged = columns["unchanged"][i]

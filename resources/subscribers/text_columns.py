@@ -1,0 +1,141 @@
+"""Rows kept as column text (`text_rows`) → their Go-JSON text, computed column by column.
+
+Why: a snapshot row of the initial copy or a re-sync is encoded once, in the build's tasks, and
+there are as many of them as the table has rows. Typing each value in Python and encoding each row
+with `gojson.encode_row` cost about 20 µs a row; here each column of a batch is turned into its
+JSON values by Arrow compute kernels, and the rows are joined from them with the column names, in
+Go's order (sorted), so Python only touches the values no kernel spells exactly.
+
+What a kernel spells, by converter spec (`pgtypes`), is exactly what the typed path writes:
+- `int`: PostgreSQL prints integers canonically, which is Go's spelling of the exact integer;
+- `bool`: `t`/`f` → `true`/`false`;
+- `text`: the text quoted, when it holds nothing Go escapes (`"`, `\\`, control characters, `<`,
+  `>`, `&`, U+2028, U+2029);
+- `timestamptz`/`timestamp`: the usual `YYYY-MM-DD HH:MM:SS[.f][+00]` rewritten to RFC 3339;
+- `float`: a plain decimal (no exponent: PostgreSQL prints one only for exponents in [-4, 15),
+  where Go writes the same shortest digits without one).
+Every other value (nested JSON, bytea, arrays, NaN, BC dates, strings with escapes, exponents) goes
+through the typed path's own converter and encoder, one value at a time; NULL is `null`.
+
+A batch any value of which that path refuses is encoded again row by row with `gojson.encode_row`,
+so a refusal reads exactly as the typed path's (column and row key named). The property tests in
+tests/pg/test_text_columns.py hold this module to the typed path, byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from resources.subscribers import pgtypes
+from resources.subscribers.text_rows import RowCodec
+from snapshot_assets.archive import gojson
+
+_NULL = "null"
+# RE2 classes (Arrow's regex engine) of what each kernel can spell exactly.
+_PLAIN_TEXT = r'^[^\x00-\x1f"\\<>&\x{2028}\x{2029}]*$'
+_STAMP = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?"
+_UTC_STAMP = _STAMP + r"\+00$"
+_LOCAL_STAMP = _STAMP + "$"
+_PLAIN_DECIMAL = r"^-?\d+(\.\d+)?$"
+
+
+def _quoted(values: pa.Array) -> pa.Array:
+    return pc.binary_join_element_wise('"', values, '"', "")
+
+
+def _as_is(values: pa.Array) -> pa.Array:
+    return values
+
+
+def _bool(values: pa.Array) -> pa.Array:
+    return pc.if_else(pc.equal(values, "t"), "true", "false")
+
+
+def _utc_stamp(values: pa.Array) -> pa.Array:
+    # `2024-05-01 12:00:00.5+00` → `"2024-05-01T12:00:00.5Z"` (`pgtypes.to_timestamptz`'s usual case)
+    stamp = pc.replace_substring(pc.utf8_slice_codeunits(values, 0, -3), " ", "T", max_replacements=1)
+    return pc.binary_join_element_wise('"', stamp, 'Z"', "")
+
+
+def _local_stamp(values: pa.Array) -> pa.Array:
+    return _quoted(pc.replace_substring(values, " ", "T", max_replacements=1))
+
+
+# spec → (the values the kernel spells exactly: an RE2 pattern, or None for "every value"; kernel)
+_KERNELS: dict[str, tuple[str | None, Callable[[pa.Array], pa.Array]]] = {
+    "int": (None, _as_is),
+    "bool": ("^[tf]$", _bool),
+    "text": (_PLAIN_TEXT, _quoted),
+    "timestamptz": (_UTC_STAMP, _utc_stamp),
+    "timestamp": (_LOCAL_STAMP, _local_stamp),
+    "float": (_PLAIN_DECIMAL, _as_is),
+}
+
+
+def _typed_path(values: Sequence[str], spec: str) -> list[str]:
+    convert = pgtypes.converter_of(spec)
+    return [gojson.encode_value(convert(value)) for value in values]
+
+
+def encode_column(values: pa.Array, spec: str) -> pa.Array:
+    """The JSON value of every text in `values` (a string array, null for SQL NULL) as the typed
+    path writes it: `gojson.encode_value(pgtypes.converter_of(spec)(text))`, `null` for NULL."""
+    kernel = _KERNELS.get(spec)
+    present = pc.is_valid(values)
+    if kernel is None:
+        spelled = pa.array(np.zeros(len(values), dtype=bool))
+        out = pa.nulls(len(values), pa.string())
+    else:
+        pattern, encode = kernel
+        spelled = present if pattern is None else pc.and_(present, pc.match_substring_regex(values, pattern))
+        spelled = spelled.fill_null(False)
+        out = pc.if_else(spelled, encode(values), pa.scalar(None, pa.string()))
+    rest = pc.and_(present, pc.invert(spelled))
+    if pc.any(rest).as_py():
+        others = values.filter(rest).to_pylist()
+        out = pc.replace_with_mask(out, rest, pa.array(_typed_path(others, spec), pa.string()))
+    return out.fill_null(_NULL)
+
+
+def _columns(images: pa.ListArray, width: int) -> list[pa.Array]:
+    """The `width` columns of `images` (every image `width` texts long)."""
+    flat = pc.list_flatten(images)
+    rows = len(images)
+    return [flat.take(pa.array(np.arange(j, rows * width, width))) for j in range(width)]
+
+
+def _naming(key: str) -> Callable[[], str]:
+    return lambda: key
+
+
+def _row_by_row(codec: RowCodec, images: pa.ListArray, keys: Sequence[str]) -> pa.Array:
+    return pa.array([gojson.encode_row(codec.image(tuple(texts)), _naming(key))
+                     for texts, key in zip(images.to_pylist(), keys, strict=True)], pa.string())
+
+
+def encode_images(codec: RowCodec, images: pa.ListArray, keys: pa.Array) -> pa.Array:
+    """The Go-JSON text of each whole image in `images` (list<string>, table order), exactly
+    `gojson.encode_row(codec.image(texts))`; `keys` name the rows in an error."""
+    width = len(codec.names)
+    if len(images) == 0 or width == 0:
+        return _row_by_row(codec, images, keys.to_pylist())
+    whole = images.null_count == 0 and pc.all(pc.equal(pc.list_value_length(images), width)).as_py()
+    if whole:
+        try:
+            columns = _columns(images, width)
+            pieces: list[pa.Array | str] = []
+            for position, j in enumerate(sorted(range(width), key=lambda i: codec.names[i])):
+                pieces.append(("{" if position == 0 else ",") + gojson.quote(codec.names[j]) + ":")
+                pieces.append(encode_column(columns[j], codec.specs[j]))
+            pieces.append("}")
+            return pc.binary_join_element_wise(*pieces, "")
+        except (ValueError, gojson.UnsupportedValue):
+            pass  # the row-by-row path below raises the typed path's own error, naming column and row
+    return _row_by_row(codec, images, keys.to_pylist())
+
+
+__all__ = ["encode_column", "encode_images"]

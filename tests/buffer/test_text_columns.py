@@ -1,0 +1,113 @@
+"""Column-wise encoding of rows kept as PostgreSQL text is the typed path, byte for byte.
+
+The oracle is the typed path: `gojson.encode_value(converter(text))` for one value and
+`gojson.encode_row(codec.image(texts))` for a row. The texts are generated the way PostgreSQL
+prints each type under the source's session settings (shortest floats, ISO timestamps in UTC),
+including the values the kernels must hand back to the typed path (escapes, exponents, BC dates,
+NaN, years past 9999, integers beyond 2^53).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from resources.buffer.segments import encode_text_snapshot_row, record_batch, with_images
+from resources.subscribers import pgtypes
+from resources.subscribers.text_columns import encode_column, encode_images
+from resources.subscribers.text_rows import RowCodec, TextSnapshotRow
+from snapshot_assets.archive import gojson
+from snapshot_assets.archive.errors import EncodeError
+
+_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+
+
+def _pg_float(value: float) -> str:
+    """float8out's shortest text: positional for decimal exponents in [-4, 15), else d.ddde±XX."""
+    exponent = Decimal(repr(value)).adjusted() if value else 0
+    if -4 <= exponent < 15:
+        return str(np.format_float_positional(value, unique=True, trim="-"))
+    return str(np.format_float_scientific(value, unique=True, trim="-", exp_digits=2))
+
+
+def _pg_stamp(value: _dt.datetime, zone: bool) -> str:
+    text = value.strftime("%Y-%m-%d %H:%M:%S")
+    if value.microsecond:
+        text += f".{value.microsecond:06d}".rstrip("0")
+    return text + ("+00" if zone else "")
+
+
+_SPEC_TEXTS: dict[str, st.SearchStrategy[str]] = {
+    "int": st.integers(-(2**63), 2**63 - 1).map(str),
+    "bool": st.sampled_from(["t", "f"]),
+    "text": st.one_of(_TEXT, st.sampled_from(['<b>&amp;', 'q"uote', "back\\slash", "\u2028", "\x01\n\t", "é ✓ 𝄞"])),
+    "float": st.one_of(st.floats(allow_nan=False, allow_infinity=False).map(_pg_float),
+                       st.sampled_from(["NaN", "Infinity", "-Infinity", "1e-05", "1.5e+15", "3e+21"])),
+    "timestamptz": st.one_of(st.datetimes(min_value=_dt.datetime(1, 1, 1)).map(lambda d: _pg_stamp(d, True)),
+                             st.sampled_from(["infinity", "-infinity", "0044-03-15 12:00:00+00 BC",
+                                              "10000-01-01 00:00:00+00", "2024-05-01 12:00:00+05:30"])),
+    "timestamp": st.one_of(st.datetimes(min_value=_dt.datetime(1, 1, 1)).map(lambda d: _pg_stamp(d, False)),
+                           st.sampled_from(["infinity", "0044-03-15 12:00:00 BC"])),
+    "json": st.recursive(st.none() | st.booleans() | st.integers() | _TEXT |
+                         st.floats(allow_nan=False, allow_infinity=False),
+                         lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+                         max_leaves=8).map(json.dumps),
+    "base64": st.binary(max_size=8).map(lambda b: "\\x" + b.hex()),
+    "array:int": st.lists(st.integers(-5, 5).map(str) | st.just("NULL"), max_size=4).map(
+        lambda items: "{" + ",".join(items) + "}"),
+}
+
+
+def _typed(spec: str, texts: list[str | None]) -> list[str]:
+    convert = pgtypes.converter_of(spec)
+    return ["null" if text is None else gojson.encode_value(convert(text)) for text in texts]
+
+
+@pytest.mark.parametrize("spec", sorted(_SPEC_TEXTS))
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_column_is_encoded_as_the_typed_path_encodes_each_value(spec: str, data: Any) -> None:
+    texts = data.draw(st.lists(st.none() | _SPEC_TEXTS[spec], max_size=20))
+    assert encode_column(pa.array(texts, pa.string()), spec).to_pylist() == _typed(spec, texts)
+
+
+_NAMES = st.lists(st.one_of(_TEXT.filter(bool), st.sampled_from(["id", "a<b", 'q"', "é", "Z"])),
+                  min_size=1, max_size=6, unique=True)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_a_batch_of_rows_is_encoded_as_the_typed_path_encodes_each_row(data: Any) -> None:
+    names = data.draw(_NAMES)
+    specs = data.draw(st.lists(st.sampled_from(sorted(_SPEC_TEXTS)), min_size=len(names), max_size=len(names)))
+    codec = RowCodec(tuple(names), tuple(specs), (names[0],))
+    rows = data.draw(st.lists(st.tuples(*(st.none() | _SPEC_TEXTS[s] for s in specs)), min_size=1, max_size=12))
+    keys = [f"[{i}]" for i in range(len(rows))]
+    encoded = encode_images(codec, pa.array([list(r) for r in rows], pa.list_(pa.string())), pa.array(keys))
+    assert encoded.to_pylist() == [gojson.encode_row(codec.image(r), lambda: "") for r in rows]
+
+
+def test_a_value_no_format_holds_is_refused_by_column_and_row_key_as_the_typed_path_refuses_it() -> None:
+    codec = RowCodec(("id", "j", "t"), ("int", "json", "text"), ("id",))
+    images = pa.array([["1", "{}", "a"], ["7", '{"x": 1e400}', "b"]], pa.list_(pa.string()))
+    with pytest.raises(EncodeError) as refused:
+        encode_images(codec, images, pa.array(["[1]", "[7]"]))
+    assert refused.value.column == "j" and refused.value.row_key == "[7]"
+
+
+def test_copied_rows_of_two_table_shapes_in_one_batch_get_their_own_images() -> None:
+    before = RowCodec(("id", "v"), ("int", "text"), ("id",))
+    after = RowCodec(("id", "v", "w"), ("int", "int", "bool"), ("id",))
+    rows = [TextSnapshotRow(before, ("1", "x")), TextSnapshotRow(after, ("2", "5", "t")),
+            TextSnapshotRow(before, ("3", None))]
+    batch = record_batch([encode_text_snapshot_row(r, i, "0/1", lambda: "") for i, r in enumerate(rows, 1)])
+    assert with_images(batch).column("new").to_pylist() == \
+        ['{"id":1,"v":"x"}', '{"id":2,"v":5,"w":true}', '{"id":3,"v":null}']
