@@ -24,9 +24,10 @@ position). Every row has the same seventeen columns (`SCHEMA`):
     old_partial  bool    `old` is absent or holds only key columns (`algebra.partial_image`), null
                          for a TRUNCATE
     old_carries_key bool `old` holds every key field (`algebra.carries_key`), null for a TRUNCATE
-    codec        string  a change kept as the stream's column text (`text_rows.RowCodec.text`: column
-                         names, converter specs, key), else null; then `old`, `new` and the five
-                         derived columns are null in the file and `with_images` computes them
+    codec        string  a change or copied row kept as PostgreSQL's column text
+                         (`text_rows.RowCodec.text`: column names, converter specs, key), else null;
+                         then `old`, `new` and the five derived columns are null in the file and
+                         `with_images` computes them
     old_text, new_text  list<string>  that change's images as column text (`text_rows.TextValues`)
     old_absent   string  JSON array of the columns `old_text` lacks (unchanged TOASTed values), else null
 
@@ -41,7 +42,10 @@ Why text: encoding two images of every change into Go's JSON took two thirds of 
 A PostgreSQL change (`text_rows.TextChange`) is therefore stored as its column text, with only the
 `key` computed at ingest (the buffer's own bookkeeping needs it, and it refuses a change without
 one); every reader of change segments (the diff job's `read_window`, through `with_images`) turns
-those rows into exactly the row `encode_change` writes for the typed change, by calling it.
+those rows into exactly the row `encode_change` writes for the typed change, by calling it. A
+copied row (`text_rows.TextSnapshotRow`: the initial copy, a re-sync) is stored the same way, and
+`with_images` encodes a batch of them column by column (`text_columns.encode_images`): the copy is
+the whole table, and encoding it on the ingest thread bounded an initial snapshot at ~25,000 rows/s.
 
 Why the file describes itself: its Parquet key-value metadata carries its own index entry
 (`SegmentMeta`), the table name and the table schema, so the index can always be rebuilt from the
