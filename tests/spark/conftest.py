@@ -23,7 +23,7 @@ from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import TypedKey, typed_key
 from snapshot_assets.spark.effects import buffer_change
 from snapshot_assets.spark.parts import StagedFormat
-from snapshot_assets.spark.session import LOCAL_DEFAULTS, classic_session
+from snapshot_assets.spark.session import LOCAL_DEFAULTS, SESSION_DEFAULTS, classic_session
 from tests.buffer.helpers import read_refs
 from tests.spark.cluster import cluster_spark, spark_cluster  # noqa: F401 - standalone-cluster fixtures (cluster.py)
 
@@ -34,7 +34,7 @@ ALL_FORMATS = ("jsonl", "protobuf", "parquet")
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The suite's one Spark session (classic local[2]: no server to manage for most tests)."""
-    conf = {**LOCAL_DEFAULTS, "spark.sql.shuffle.partitions": "3", "spark.driver.memory": "2g",
+    conf = {**SESSION_DEFAULTS, **LOCAL_DEFAULTS, "spark.sql.shuffle.partitions": "3", "spark.driver.memory": "2g",
             "spark.ui.showConsoleProgress": "false"}
     session = classic_session("local[2]", conf, "snapshotter-tests")
     session.sparkContext.setLogLevel("ERROR")

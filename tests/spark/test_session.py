@@ -140,3 +140,13 @@ def test_the_watchdog_ends_a_server_nobody_records_any_more(tmp_path: Path) -> N
     assert not connect_server._pid_is_server(process.pid)
     process.wait(timeout=10)
     connect_server.watch(tmp_path, process.pid, interval_s=0.01)  # returns at once: the server is gone
+
+
+@pytest.mark.parametrize("config", [SparkConfig(remote="sc://cluster:15002"), SparkConfig(master="spark://m:7077"),
+                                    SparkConfig(master="local[2]")], ids=["remote", "cluster", "local"])
+def test_every_session_gets_the_session_defaults_and_spark_conf_overrides_them(config: SparkConfig) -> None:
+    planned = session_module.plan_spark(config)
+    assert planned.settings["spark.sql.codegen.hugeMethodLimit"] == "8000"
+    overridden = SparkConfig(remote=config.remote, master=config.master,
+                             conf={"spark.sql.codegen.hugeMethodLimit": "65535"})
+    assert session_module.plan_spark(overridden).settings["spark.sql.codegen.hugeMethodLimit"] == "65535"
