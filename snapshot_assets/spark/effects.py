@@ -178,9 +178,19 @@ def read_window(spark: SparkSession, segments: Sequence[SegmentRef], s3: S3Conne
     return text_images(read_parquet_files(spark, paths, s3=s3, ddl=BUFFER_DDL).filter(seq_predicate(segments)))
 
 
+_TEXT_COLUMNS = ("old_text", "new_text")
+
+
 def _image_batches(batches: Iterable[Any]) -> Iterator[Any]:
+    """`with_images` of each batch, without the column texts it consumed: nothing after reads them,
+    and sending a table's worth of them back to the JVM doubled the cost of reading a copy."""
     for batch in batches:
-        yield with_images(batch)
+        batch = with_images(batch)
+        for name in _TEXT_COLUMNS:
+            index = batch.schema.get_field_index(name)
+            field = batch.schema.field(index)
+            batch = batch.set_column(index, field, pa.nulls(batch.num_rows, field.type))
+        yield batch
 
 
 def text_images(rows: DataFrame) -> DataFrame:
