@@ -19,6 +19,7 @@ decision's `DiffSize`, falling back to the buffer's bytes when Spark cannot answ
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -100,12 +101,14 @@ class MeasuringSpark:
 
     def _session(self) -> Any:
         if self._runtime is None:
-            from snapshot_assets.spark.session import open_spark, ship_project_code
+            from snapshot_assets.spark.session import open_spark, session_from_settings, ship_project_code
 
             remote = bool(self.spark_config.remote)
-            self._runtime = open_spark(self.spark_config, app_name="snapshotter-rebase-trigger", ship_code=not remote)
-            bound_retries(self._runtime.spark)
-            if remote:  # shipped after bounding: shipping is the first call to the endpoint
+            # Bounded before the first call to the endpoint (the session settings, then the code).
+            bounded = functools.partial(session_from_settings, before_first_call=bound_retries)
+            self._runtime = open_spark(self.spark_config, app_name="snapshotter-rebase-trigger", ship_code=not remote,
+                                       make_session=bounded)
+            if remote:
                 ship_project_code(self._runtime.spark, connect=True)
         return self._runtime.spark
 

@@ -146,18 +146,23 @@ def _local_python() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
-def session_from_settings(settings: Mapping[str, str]) -> Any:
+def session_from_settings(settings: Mapping[str, str], *,
+                          before_first_call: Callable[[Any], None] | None = None) -> Any:
     """The project's own builder: a Connect session straight from the Connect builder, else classic.
 
     pyspark's generic builder (what dagster-pyspark calls) refuses a Connect session while a classic
     SparkContext exists and flips a process-wide "connect mode" switch; a process that holds both
-    kinds (the test suite, the benchmarks) opens its sessions here instead.
+    kinds (the test suite, the benchmarks) opens its sessions here instead. `before_first_call`
+    prepares a Connect session before anything reaches its endpoint (the session settings are the
+    first call): a sensor bounds the client's retries there.
     """
     rest = {k: v for k, v in settings.items() if k not in ("spark.remote", "spark.master")}
     if "spark.remote" in settings:
         from pyspark.sql.connect.session import SparkSession as ConnectSession
 
         spark = ConnectSession.builder.remote(settings["spark.remote"]).create()
+        if before_first_call is not None:
+            before_first_call(spark)
         # pyspark.sql.functions build Connect columns only in "connect mode" (what pyspark's generic
         # builder switches on); the jobs build columns with them, so a process that holds only this
         # session switches it on (SparkRuntime.stop switches it off). A process that also holds a
