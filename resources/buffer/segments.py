@@ -216,7 +216,7 @@ def _image_key(event: TextChange, texts: TextValues, image: str) -> str:
     fast = codec.fast_key(key_texts)
     if fast is not None:
         return fast
-    return key_text(codec.image(key_texts), codec.key, _where(event, image))
+    return key_text(codec.key_image(key_texts), codec.key, _where(event, image))
 
 
 def _lacks_key(event: TextChange, absent: tuple[str, ...], image: str) -> None:
@@ -353,7 +353,7 @@ def encode_text_snapshot_row(event: TextSnapshotRow, seq: int, position: str, wh
     key_texts = codec.key_texts(texts)
     key = codec.fast_key(key_texts)
     if key is None:
-        key = key_text(codec.image(key_texts), codec.key, where())
+        key = key_text(codec.key_image(key_texts), codec.key, where())
     return (seq, position, SNAPSHOT_ACTION, key, None, None, None, None, None, None, None, None, None,
             codec.text, None, texts, None)
 

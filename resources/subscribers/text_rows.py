@@ -78,6 +78,12 @@ class RowCodec:
         return {name: None if value is None else convert(value)
                 for name, convert, value in zip(names, converters, values, strict=True) if name not in absent}
 
+    def key_image(self, key_texts: TextValues) -> Row:
+        """The typed key columns from their texts in key order (`key_texts`). Not `image`: when every
+        column is a key column, a key's texts are as many as a whole image's, in another order."""
+        return {name: None if value is None else self._converters[i](value)
+                for name, i, value in zip(self.key, self._key_index, key_texts, strict=True)}
+
     def key_texts(self, values: TextValues) -> TextValues:
         """The key columns' texts of an image (whole or key-only), in key order."""
         if self.is_key_only(values):

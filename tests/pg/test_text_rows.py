@@ -155,3 +155,11 @@ def test_a_text_change_without_a_usable_key_is_refused_like_a_typed_one() -> Non
         with pytest.raises(ArchiveError) as typed_error:
             encode_change(change.typed(), 1, ("id",))
         assert (type(text_error.value), str(text_error.value)) == (type(typed_error.value), str(typed_error.value))
+
+
+def test_a_key_of_every_column_in_another_order_than_the_tables_is_read_as_the_key() -> None:
+    codec = RowCodec(("a", "b"), ("int", "text"), ("b", "a"))  # PRIMARY KEY (b, a) on (a int, b text)
+    change = TextChange("0/30", Action.INSERT, codec, new_text=("1", "x"))
+    _as_read([change], codec.key)
+    copied = encode_text_snapshot_row(TextSnapshotRow(codec, ("1", "x")), 1, "", lambda: "re-sync row 1")
+    assert copied[3] == encode_snapshot_row({"a": 1, "b": "x"}, 1, codec.key, "", "re-sync row 1")[3] == '["x",1]'
