@@ -7,7 +7,8 @@ JSON values by Arrow compute kernels, and the rows are joined from them with the
 Go's order (sorted), so Python only touches the values no kernel spells exactly.
 
 What a kernel spells, by converter spec (`pgtypes`), is exactly what the typed path writes:
-- `int`: PostgreSQL prints integers canonically, which is Go's spelling of the exact integer;
+- `int`: a canonical integer (how PostgreSQL prints one), which is Go's spelling of the exact
+  integer; any other text goes to the typed path, which refuses it;
 - `bool`: `t`/`f` → `true`/`false`;
 - `text`: the text quoted, when it holds nothing Go escapes (`"`, `\\`, control characters, `<`,
   `>`, `&`, U+2028, U+2029);
@@ -19,7 +20,7 @@ through the typed path's own converter and encoder, one value at a time; NULL is
 
 A batch any value of which that path refuses is encoded again row by row with `gojson.encode_row`,
 so a refusal reads exactly as the typed path's (column and row key named). The property tests in
-tests/pg/test_text_columns.py hold this module to the typed path, byte for byte.
+tests/buffer/test_text_columns.py hold this module to the typed path, byte for byte.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ _STAMP = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?"
 _UTC_STAMP = _STAMP + r"\+00$"
 _LOCAL_STAMP = _STAMP + "$"
 _PLAIN_DECIMAL = r"^-?\d+(\.\d+)?$"
+_CANONICAL_INT = r"^(0|-?[1-9]\d*)$"
 
 
 def _quoted(values: pa.Array) -> pa.Array:
@@ -67,7 +69,7 @@ def _local_stamp(values: pa.Array) -> pa.Array:
 
 # spec → (the values the kernel spells exactly: an RE2 pattern, or None for "every value"; kernel)
 _KERNELS: dict[str, tuple[str | None, Callable[[pa.Array], pa.Array]]] = {
-    "int": (None, _as_is),
+    "int": (_CANONICAL_INT, _as_is),
     "bool": ("^[tf]$", _bool),
     "text": (_PLAIN_TEXT, _quoted),
     "timestamptz": (_UTC_STAMP, _utc_stamp),

@@ -111,3 +111,10 @@ def test_copied_rows_of_two_table_shapes_in_one_batch_get_their_own_images() -> 
     batch = record_batch([encode_text_snapshot_row(r, i, "0/1", lambda: "") for i, r in enumerate(rows, 1)])
     assert with_images(batch).column("new").to_pylist() == \
         ['{"id":1,"v":"x"}', '{"id":2,"v":5,"w":true}', '{"id":3,"v":null}']
+
+
+def test_an_integer_text_postgresql_would_not_print_goes_through_the_typed_path() -> None:
+    assert encode_column(pa.array(["0", "-5", "007", None], pa.string()), "int").to_pylist() == \
+        ["0", "-5", "7", "null"]
+    with pytest.raises(ValueError):
+        encode_column(pa.array(["12", "x"], pa.string()), "int")
