@@ -44,7 +44,7 @@ A PostgreSQL change (`text_rows.TextChange`) is therefore stored as its column t
 one); every reader of change segments (the diff job's `read_window`, through `with_images`) turns
 those rows into exactly the row `encode_change` writes for the typed change, by calling it. A
 copied row (`text_rows.TextSnapshotRow`: the initial copy, a re-sync) is stored the same way, and
-`with_images` encodes a batch of them column by column (`text_columns.encode_images`): the copy is
+`with_images` encodes a batch of them column by column (`text_columns.encode_copies`): the copy is
 the whole table, and encoding it on the ingest thread bounded an initial snapshot at ~25,000 rows/s.
 
 Why the file describes itself: its Parquet key-value metadata carries its own index entry
@@ -70,7 +70,7 @@ import pyarrow.parquet as pq
 
 from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import ChangeEvent, Column, TableSchema
-from resources.subscribers.text_columns import encode_images
+from resources.subscribers.text_columns import encode_copies
 from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow, TextValues
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import MalformedChange, carries_key, partial_image
@@ -270,44 +270,58 @@ _TEXT_ROW_COLUMNS = ("seq", "position", "action", "codec", "old_text", "new_text
 _IMAGE_COLUMNS = ("old", "new", "old_key", "change_key", "old_change_key", "old_partial", "old_carries_key")
 
 
-def with_images(batch: pa.RecordBatch) -> pa.RecordBatch:
+#: The column `with_images(..., records=True)` adds: each copied text row's protobuf snapshot
+#: record (`protobuf.snapshot_record` of its `new`), null for every other row.
+RECORD_COLUMN = pa.field("pb", pa.binary())
+
+
+def with_images(batch: pa.RecordBatch, *, records: bool = False) -> pa.RecordBatch:
     """`batch` (buffer rows, `SCHEMA`) with the images and derived columns of its text rows filled
     in: for each, exactly what ingest would have written for the typed row. A copied row's image
-    is encoded column by column (`text_columns.encode_images`); a change's row is what
-    `encode_change` writes for the typed change, because it calls it.
+    is encoded column by column (`text_columns.encode_copies`); a change's row is what
+    `encode_change` writes for the typed change, because it calls it. With `records`, the batch
+    also has `RECORD_COLUMN`, built from the same columns: a copy's protobuf records are encoded
+    where its JSON is, once, and never from a decoded row.
 
     This is where PostgreSQL's column text is typed and encoded (in the build's tasks, not on the
     ingest path); rows that are already encoded pass through untouched.
     """
-    if "codec" not in batch.schema.names:  # a segment written before text rows existed
-        return batch
-    codecs = batch.column("codec")
-    if codecs.null_count == batch.num_rows:
-        return batch
-    copied = pc.and_(pc.is_valid(codecs), pc.equal(batch.column("action"), SNAPSHOT_ACTION)).fill_null(False)
-    if pc.any(copied).as_py():
-        batch = _copied_images(batch, copied)
-    if pc.all(pc.or_(copied, pc.is_null(codecs))).as_py():
-        return batch
-    return _change_images(batch, copied.to_pylist())
+    pb = pa.nulls(batch.num_rows, RECORD_COLUMN.type)
+    if "codec" in batch.schema.names and batch.column("codec").null_count < batch.num_rows:
+        codecs = batch.column("codec")
+        copied = pc.and_(pc.is_valid(codecs), pc.equal(batch.column("action"), SNAPSHOT_ACTION)).fill_null(False)
+        if pc.any(copied).as_py():
+            batch, pb = _copied_images(batch, copied, records)
+        if not pc.all(pc.or_(copied, pc.is_null(codecs))).as_py():
+            batch = _change_images(batch, copied.to_pylist())
+    return batch.append_column(RECORD_COLUMN, pb) if records else batch
 
 
-def _copied_images(batch: pa.RecordBatch, copied: pa.Array) -> pa.RecordBatch:
-    """`batch` with the `new` image of its copied text rows (`encode_text_snapshot_row`'s) filled."""
+def _copied_images(batch: pa.RecordBatch, copied: pa.Array, records: bool) -> tuple[pa.RecordBatch, pa.Array]:
+    """`batch` with the `new` image of its copied text rows (`encode_text_snapshot_row`'s) filled,
+    and (with `records`) those rows' protobuf records, null elsewhere."""
     codecs, images, keys = (batch.column(name).filter(copied) for name in ("codec", "new_text", "key"))
     distinct = pc.unique(codecs).to_pylist()
     if len(distinct) == 1:  # the usual batch: one table shape
-        encoded = encode_images(RowCodec.from_text(distinct[0]), images, keys)
+        texts, pbs = encode_copies(RowCodec.from_text(distinct[0]), images, keys, records=records)
     else:
-        out = np.empty(len(codecs), dtype=object)
+        text_out = np.empty(len(codecs), dtype=object)
+        pb_out = np.full(len(codecs), None, dtype=object)
         for codec_text in distinct:
             mine = pc.equal(codecs, codec_text)
-            out[np.flatnonzero(mine.to_numpy(zero_copy_only=False))] = encode_images(
-                RowCodec.from_text(codec_text), images.filter(mine), keys.filter(mine)).to_pylist()
-        encoded = pa.array(out, pa.string())
+            at = np.flatnonzero(mine.to_numpy(zero_copy_only=False))
+            encoded, pb = encode_copies(RowCodec.from_text(codec_text), images.filter(mine), keys.filter(mine),
+                                        records=records)
+            text_out[at] = encoded.to_pylist()
+            if pb is not None:
+                pb_out[at] = pb.to_pylist()
+        texts, pbs = pa.array(text_out, pa.string()), pa.array(pb_out, pa.binary())
     index = batch.schema.get_field_index("new")
-    filled = pc.replace_with_mask(batch.column(index), copied, encoded)
-    return batch.set_column(index, batch.schema.field(index), filled)
+    filled = pc.replace_with_mask(batch.column(index), copied, texts)
+    records_column = pa.nulls(batch.num_rows, RECORD_COLUMN.type)
+    if pbs is not None:
+        records_column = pc.replace_with_mask(records_column, copied, pbs.cast(RECORD_COLUMN.type))
+    return batch.set_column(index, batch.schema.field(index), filled), records_column
 
 
 def _change_images(batch: pa.RecordBatch, copied: list[bool]) -> pa.RecordBatch:

@@ -34,6 +34,8 @@ import pyarrow.compute as pc
 from resources.subscribers import pgtypes
 from resources.subscribers.text_rows import RowCodec
 from snapshot_assets.archive import gojson
+from snapshot_assets.archive.formats.protobuf import snapshot_record
+from snapshot_assets.archive.formats.protobuf_columns import snapshot_records
 
 _NULL = "null"
 # RE2 classes (Arrow's regex engine) of what each kernel can spell exactly.
@@ -119,25 +121,39 @@ def _row_by_row(codec: RowCodec, images: pa.ListArray, keys: Sequence[str]) -> p
                      for texts, key in zip(images.to_pylist(), keys, strict=True)], pa.string())
 
 
-def encode_images(codec: RowCodec, images: pa.ListArray, keys: pa.Array) -> pa.Array:
+def _records_of(texts: pa.Array) -> pa.Array:
+    """The protobuf snapshot records of whole Go-JSON rows, one row at a time (the typed path)."""
+    return pa.array([snapshot_record(gojson.loads(text), ()) for text in texts.to_pylist()], pa.binary())
+
+
+def encode_copies(codec: RowCodec, images: pa.ListArray, keys: pa.Array, *,
+                  records: bool = False) -> tuple[pa.Array, pa.Array | None]:
     """The Go-JSON text of each whole image in `images` (list<string>, table order), exactly
-    `gojson.encode_row(codec.image(texts))`; `keys` name the rows in an error."""
+    `gojson.encode_row(codec.image(texts))`, and with `records` also each row's protobuf snapshot
+    record, exactly `protobuf.snapshot_record` of that text decoded (`protobuf_columns`), built
+    from the same columns of JSON values. `keys` name the rows in an error."""
     width = len(codec.names)
-    if len(images) == 0 or width == 0:
-        return _row_by_row(codec, images, keys.to_pylist())
-    whole = images.null_count == 0 and pc.all(pc.equal(pc.list_value_length(images), width)).as_py()
-    if whole:
+    if len(images) > 0 and width > 0 and images.null_count == 0 and \
+            pc.all(pc.equal(pc.list_value_length(images), width)).as_py():
         try:
-            columns = _columns(images, width)
+            columns = [encode_column(column, codec.specs[j]) for j, column in enumerate(_columns(images, width))]
+        except (ValueError, gojson.UnsupportedValue):
+            pass  # the row-by-row path below raises the typed path's own error, naming column and row
+        else:
             pieces: list[pa.Array | str] = []
             for position, j in enumerate(sorted(range(width), key=lambda i: codec.names[i])):
                 pieces.append(("{" if position == 0 else ",") + gojson.quote(codec.names[j]) + ":")
-                pieces.append(encode_column(columns[j], codec.specs[j]))
+                pieces.append(columns[j])
             pieces.append("}")
-            return pc.binary_join_element_wise(*pieces, "")
-        except (ValueError, gojson.UnsupportedValue):
-            pass  # the row-by-row path below raises the typed path's own error, naming column and row
-    return _row_by_row(codec, images, keys.to_pylist())
+            texts = pc.binary_join_element_wise(*pieces, "")
+            return texts, snapshot_records(codec.names, columns) if records else None
+    texts = _row_by_row(codec, images, keys.to_pylist())
+    return texts, _records_of(texts) if records else None
 
 
-__all__ = ["encode_column", "encode_images"]
+def encode_images(codec: RowCodec, images: pa.ListArray, keys: pa.Array) -> pa.Array:
+    """`encode_copies` without the records: the Go-JSON text of each whole image."""
+    return encode_copies(codec, images, keys)[0]
+
+
+__all__ = ["encode_column", "encode_copies", "encode_images"]

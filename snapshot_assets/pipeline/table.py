@@ -197,7 +197,7 @@ class TablePipeline:
             epoch = m.epoch + 1
             targets = Targets(tuple(self.destinations), self.cfg.key_prefix, epoch)
             base, segments = choose_base(reader, nxt.to_position, state=state, artifact=artifact, cmp=self.cmp,
-                                         buffer_s3=s3)
+                                         buffer_s3=s3, records="protobuf" in self.cfg.snapshot_formats)
             built = build_snapshot(spark, base, segments, nxt.to_position, key_fields,
                                    self.cfg.snapshot_formats, self.staging, self.state_root / f"epoch={epoch}",
                                    previous_keys=self._reusable_objects(previous, state),
@@ -226,7 +226,7 @@ class TablePipeline:
         if artifact is None:
             artifact = self._artifact_base(m.latest_snapshot())
         base, catch_up = choose_base(self.buffer(), m.head_position, state=state, artifact=artifact, cmp=self.cmp,
-                                     buffer_s3=self.work.connection)
+                                     buffer_s3=self.work.connection, records=False)
         if catch_up:
             table, _ = advance(spark, base, catch_up, self.key_fields, partitions=default_partitions(spark),
                                scratch=scratch, s3=self.work.connection)

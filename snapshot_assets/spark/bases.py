@@ -47,7 +47,7 @@ from snapshot_assets.archive.errors import CorruptArtifact
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.keys import key_json, typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
-from snapshot_assets.spark.effects import NET_DDL, STATE_DDL, VERSION_SQL, encode_row, read_window
+from snapshot_assets.spark.effects import NET_DDL, STATE_ARROW, STATE_DDL, VERSION_SQL, encode_row, read_window
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
 from snapshot_assets.spark.remote_io import input_file, is_s3
 from snapshot_assets.spark.state import StateBase, encode_net
@@ -56,7 +56,6 @@ __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase"
            "StateBase", "choose_base", "latest_images", "rows_for", "write_delta"]
 
 DELTA_MARKER = "_snapshotter_delta.json"
-_STATE_ARROW = pa.schema([("key", pa.string()), ("row", pa.string()), ("ver", pa.string())])
 
 
 class Base(Protocol):
@@ -66,7 +65,7 @@ class Base(Protocol):
     def position(self) -> str | None: ...
 
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
-        """The rows as STATE_DDL (key, row, ver)."""
+        """The rows as STATE_DDL (key, row, ver, pb)."""
         ...
 
     def describe(self) -> str: ...
@@ -87,7 +86,8 @@ def _state_batch(rows: Sequence[tuple[str, str]]) -> Any:
     keys, texts = (list(c) for c in zip(*rows, strict=True)) if rows else ([], [])
     # a snapshot artifact keeps no versions: its rows' are unknown (null)
     return pa.RecordBatch.from_arrays([pa.array(keys, pa.string()), pa.array(texts, pa.string()),
-                                       pa.nulls(len(keys), pa.string())], schema=_STATE_ARROW)
+                                       pa.nulls(len(keys), pa.string()), pa.nulls(len(keys), pa.binary())],
+                                      schema=STATE_ARROW)
 
 
 def keyed(row: Row, key_fields: Sequence[str], text: str | None = None) -> tuple[str, str]:
@@ -142,7 +142,7 @@ class DeltaSet:
 
     def images(self, spark: SparkSession) -> DataFrame:
         """Each touched key's new image as a state layer (STATE_DDL; row null: deleted)."""
-        return self.frame(spark).selectExpr("key", "new AS row", "ver")
+        return self.frame(spark).selectExpr("key", "new AS row", "ver", "CAST(NULL AS BINARY) AS pb")
 
     def rows(self, spark: SparkSession, formats: Sequence[str]) -> DataFrame | None:
         """The new images as state rows (ROWS_DDL; row null: deleted), encoded when the diff wrote
@@ -339,6 +339,7 @@ class BufferSnapshotBase:
 
     segment: SegmentRef
     s3: S3Connection | None = None  # signs the read when the buffer is in S3
+    records: bool = True  # encode the copied rows' protobuf records as they are read (`read_window`)
 
     @property
     def position(self) -> str | None:
@@ -347,8 +348,9 @@ class BufferSnapshotBase:
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
         if self.segment.kind != "snapshot":
             raise ValueError(f"{self.segment.name} is a {self.segment.kind} segment, not a snapshot segment")
-        rows = read_window(spark, [self.segment], self.s3)
-        return rows.filter("action = 'SNAPSHOT'").selectExpr("key", "new AS row", f"{VERSION_SQL} AS ver")
+        rows = read_window(spark, [self.segment], self.s3, records=self.records)
+        record = "pb" if self.records else "CAST(NULL AS BINARY) AS pb"
+        return rows.filter("action = 'SNAPSHOT'").selectExpr("key", "new AS row", f"{VERSION_SQL} AS ver", record)
 
     def describe(self) -> str:
         return f"buffer re-sync {self.segment.name} at {self.segment.to_position}"
@@ -359,9 +361,10 @@ class BufferSnapshotBase:
 
 def choose_base(buffer: BufferView, to_position: str, *, state: StateBase | LayeredBase | None = None,
                 artifact: ArtifactBase | None = None, cmp: Comparator = compare_lsn,
-                buffer_s3: S3Connection | None = None) -> tuple[Base, list[SegmentRef]]:
+                buffer_s3: S3Connection | None = None, records: bool = True) -> tuple[Base, list[SegmentRef]]:
     """The base of a build that must reach `to_position`, and the change segments after it
-    (`buffer_s3` signs the reads of a buffer that lives in S3).
+    (`buffer_s3` signs the reads of a buffer that lives in S3; `records`: a re-sync base encodes
+    its rows' protobuf records as it reads them, for a build that writes protobuf).
 
     A re-sync newer than the previous snapshot resets the base (the first snapshot always comes
     from the initial load). Otherwise the previous snapshot: its STATE dataset (with the deltas
@@ -379,7 +382,7 @@ def choose_base(buffer: BufferView, to_position: str, *, state: StateBase | Laye
                              f"{to_position}; snapshot at or after it")
         if resync.segment is None:
             raise ValueError(f"the re-sync at {resync.end_position} is no longer in the buffer")
-        base = BufferSnapshotBase(buffer.segment_ref(resync.segment), buffer_s3)
+        base = BufferSnapshotBase(buffer.segment_ref(resync.segment), buffer_s3, records)
     elif previous is not None:
         base = previous
     else:

@@ -43,7 +43,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.buffer.reader import SegmentRef
-from resources.buffer.segments import SCHEMA, derived_columns, with_images
+from resources.buffer.segments import RECORD_COLUMN, SCHEMA, derived_columns, with_images
 from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive import gojson, versions
 from snapshot_assets.archive.algebra import KeyEffect, KeyNet, carries_key, key_effects, partial_image
@@ -53,7 +53,7 @@ from snapshot_assets.spark.locations import Location, read_dataset, write_datase
 from snapshot_assets.spark.remote_io import read_parquet_files
 
 _SPARK_TYPES = {pa.string(): "STRING", pa.int64(): "BIGINT", pa.int32(): "INT", pa.bool_(): "BOOLEAN",
-                pa.list_(pa.string()): "ARRAY<STRING>"}
+                pa.binary(): "BINARY", pa.list_(pa.string()): "ARRAY<STRING>"}
 
 
 def ddl_of(schema: pa.Schema) -> str:
@@ -75,7 +75,11 @@ EFFECT_DDL = ddl_of(EFFECT_ARROW)
 EFFECT_COLUMNS = tuple(EFFECT_ARROW.names)
 # `ver`: the version of the key's last change (archive/versions.py), null where unknown.
 NET_DDL = "key STRING, action STRING, change_key STRING, old STRING, new STRING, ver STRING"
-STATE_DDL = "key STRING, row STRING, ver STRING"
+#: A table state: each key's row (Go-JSON), its version, and its protobuf snapshot record when the row
+#: was encoded as it entered (a copied row, a state's stored row), else null (`state.encode_rows`
+#: encodes it then).
+STATE_ARROW = pa.schema([("key", pa.string()), ("row", pa.string()), ("ver", pa.string()), RECORD_COLUMN])
+STATE_DDL = ddl_of(STATE_ARROW)
 #: A buffer row's version text (`archive.versions.version_text` in SQL): the one definition over the buffer's columns.
 VERSION_SQL = (f"concat_ws('{versions.SEP}', position, coalesce(commit_time, ''), "
                f"IF(action = 'SNAPSHOT', '{versions.COPY}', '{versions.CHANGE}'))")
@@ -169,23 +173,29 @@ def seq_predicate(segments: Sequence[SegmentRef]) -> str:
     return " OR ".join(f"(seq > {low} AND seq <= {high})" for low, high in merged) or "false"
 
 
-def read_window(spark: SparkSession, segments: Sequence[SegmentRef], s3: S3Connection | None = None) -> DataFrame:
+def read_window(spark: SparkSession, segments: Sequence[SegmentRef], s3: S3Connection | None = None, *,
+                records: bool = False) -> DataFrame:
     """The buffer rows of `segments` (paths + seq filter, which Parquet statistics prune locally).
-    Segments in S3 (`s3://` paths, signed by `s3`) are read by the tasks themselves (remote_io)."""
+    Segments in S3 (`s3://` paths, signed by `s3`) are read by the tasks themselves (remote_io).
+    With `records`, the frame has one more column, `pb` (`segments.RECORD_COLUMN`): the protobuf
+    snapshot record of each copied text row, encoded beside its JSON."""
     if not segments:
-        return spark.createDataFrame([], BUFFER_DDL)
+        return spark.createDataFrame([], f"{BUFFER_DDL}, {_RECORD_DDL}" if records else BUFFER_DDL)
     paths = list(dict.fromkeys(s.path for s in segments))
-    return text_images(read_parquet_files(spark, paths, s3=s3, ddl=BUFFER_DDL).filter(seq_predicate(segments)))
+    rows = read_parquet_files(spark, paths, s3=s3, ddl=BUFFER_DDL).filter(seq_predicate(segments))
+    return text_images(rows, records=records)
 
 
 _TEXT_COLUMNS = ("old_text", "new_text")
+_RECORD_DDL = ddl_of(pa.schema([RECORD_COLUMN]))
+_NO_RECORD = f"CAST(NULL AS BINARY) AS {RECORD_COLUMN.name}"
 
 
-def _image_batches(batches: Iterable[Any]) -> Iterator[Any]:
+def _image_batches(batches: Iterable[Any], records: bool) -> Iterator[Any]:
     """`with_images` of each batch, without the column texts it consumed: nothing after reads them,
     and sending a table's worth of them back to the JVM doubled the cost of reading a copy."""
     for batch in batches:
-        batch = with_images(batch)
+        batch = with_images(batch, records=records)
         for name in _TEXT_COLUMNS:
             index = batch.schema.get_field_index(name)
             field = batch.schema.field(index)
@@ -193,11 +203,18 @@ def _image_batches(batches: Iterable[Any]) -> Iterator[Any]:
         yield batch
 
 
-def text_images(rows: DataFrame) -> DataFrame:
+def text_images(rows: DataFrame, *, records: bool = False) -> DataFrame:
     """Buffer rows kept as column text (PostgreSQL changes) get their images and derived columns, in
-    tasks, with ingest's `encode_change` (`segments.with_images`); the other rows pass through."""
+    tasks, with ingest's `encode_change` (`segments.with_images`); the other rows pass through.
+    With `records`, every row has `pb` too (null but for copied text rows)."""
     text = F.col("codec").isNotNull()
-    return rows.filter(~text).unionByName(rows.filter(text).mapInArrow(_image_batches, rows.schema))
+    plain = rows.filter(~text)
+    schema = rows.schema
+    if records:
+        plain = plain.withColumn(RECORD_COLUMN.name, F.lit(None).cast("binary"))
+        schema = schema.add(RECORD_COLUMN.name, "binary")
+    func = functools.partial(_image_batches, records=records)
+    return plain.unionByName(rows.filter(text).mapInArrow(func, schema))
 
 
 # --- the window: its facts, its cut, legacy rows -----------------------------------------------------
@@ -387,7 +404,7 @@ def apply_net(base: DataFrame, net: DataFrame) -> DataFrame:
     """The new state (STATE_DDL): base rows whose key no net change touches, plus every key whose
     net change leaves a row (INSERT/UPDATE: its `new`, its version). A net DELETE just removes the key."""
     untouched = base.join(net.select("key"), "key", "left_anti")
-    return untouched.unionByName(net.filter("new IS NOT NULL").selectExpr("key", "new AS row", "ver"))
+    return untouched.unionByName(net.filter("new IS NOT NULL").selectExpr("key", "new AS row", "ver", _NO_RECORD))
 
 
 def materialize(frame: DataFrame, where: Path | Location) -> DataFrame:

@@ -157,7 +157,8 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
     state = layered.state
     layers = [d.rows(spark, formats) or encode_rows(d.images(spark), fields, formats) for d in layered.deltas]
     if window is not None:
-        layers.append(encode_rows(window.selectExpr("key", "new AS row", "ver"), fields, formats))
+        layers.append(encode_rows(window.selectExpr("key", "new AS row", "ver", "CAST(NULL AS BINARY) AS pb"), fields,
+                                  formats))
     bounds = state.bounds
     moved = replace(state, path=state_dir.uri, s3=state_dir.s3, position=position)
     if not layers:

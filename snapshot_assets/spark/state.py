@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
@@ -62,7 +63,7 @@ from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.archive.sortkey import sort_key_of
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
-from snapshot_assets.spark.effects import NET_DDL, decode_row
+from snapshot_assets.spark.effects import NET_DDL, STATE_ARROW, decode_row
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import image_type, refusing_misfits
 from snapshot_assets.spark.pieces import PieceWriter, Uploads
@@ -96,38 +97,50 @@ _Report = tuple[int, bytes, int, str, str, str, int]
 # --- encoding rows as they enter -----------------------------------------------------------------
 
 
-def _encoded(keys: Sequence[str], texts: Sequence[str | None], key_fields: tuple[str, ...],
-             protobuf: bool) -> tuple[Any, Any]:
-    """The sort keys and protobuf records of rows given as key JSON and Go-JSON text (None: deleted)."""
-    sks: list[bytes] = []
-    pbs: list[bytes | None] = []
-    for key, text in zip(keys, texts, strict=True):
-        sks.append(sort_key_of(key))
-        if text is None:
-            pbs.append(None)
-            continue
-        if len(text.encode("utf-8")) + 1 > MAX_LINE_BYTES:
-            raise EncodeError(f"encoded line is over {MAX_LINE_BYTES} bytes (16 MiB), laredo's jsonl limit",
-                              row_key=row_key(decode_row(text), key_fields))
-        pbs.append(snapshot_record(decode_row(text) or {}, key_fields) if protobuf else None)
-    return pa.array(sks, pa.binary()), pa.array(pbs, pa.binary())
+def _records(texts: pa.Array, known: pa.Array | None, key_fields: tuple[str, ...]) -> pa.Array:
+    """The protobuf snapshot record of each row: `known` where it holds one (encoded as the row
+    entered), else encoded here from the row's Go-JSON text (null text: a deleted key, no record)."""
+    if known is None:
+        known = pa.nulls(len(texts), pa.binary())
+    missing = pc.and_(pc.is_null(known), pc.is_valid(texts))
+    at = np.flatnonzero(missing.to_numpy(zero_copy_only=False))
+    if not len(at):
+        return known
+    encoded = [snapshot_record(decode_row(text) or {}, key_fields) for text in texts.take(at).to_pylist()]
+    return pc.replace_with_mask(known, missing, pa.array(encoded, pa.binary()))
+
+
+def _encoded(batch: pa.RecordBatch, key_fields: tuple[str, ...], protobuf: bool, text_column: str) -> pa.RecordBatch:
+    """`batch` (its `pb` column, when it has one, replaced) with each row's sort key `sk` and
+    protobuf record `pb` (null unless `protobuf`), from its key JSON and Go-JSON text `text_column`."""
+    texts = batch.column(text_column)
+    too_long = pc.greater_equal(pc.binary_length(texts), MAX_LINE_BYTES).fill_null(False)
+    if pc.any(too_long).as_py():
+        text = texts.filter(too_long)[0].as_py()
+        raise EncodeError(f"encoded line is over {MAX_LINE_BYTES} bytes (16 MiB), laredo's jsonl limit",
+                          row_key=row_key(decode_row(text), key_fields))
+    sks = pa.array([sort_key_of(key) for key in batch.column("key").to_pylist()], pa.binary())
+    known = batch.column("pb") if "pb" in batch.schema.names else None
+    pbs = _records(texts, known, key_fields) if protobuf else pa.nulls(batch.num_rows, pa.binary())
+    kept = [name for name in batch.schema.names if name != "pb"]
+    return pa.RecordBatch.from_arrays([*(batch.column(name) for name in kept), sks, pbs], names=[*kept, "sk", "pb"])
 
 
 def _encode_batches(batches: Iterable[Any], key_fields: tuple[str, ...], protobuf: bool,
                     text_column: str) -> Iterator[Any]:
     for batch in batches:
-        sks, pbs = _encoded(batch.column("key").to_pylist(), batch.column(text_column).to_pylist(), key_fields,
-                            protobuf)
-        yield pa.RecordBatch.from_arrays([*batch.columns, sks, pbs], names=[*batch.schema.names, "sk", "pb"])
+        yield _encoded(batch, key_fields, protobuf, text_column)
 
 
 def encode_rows(frame: DataFrame, key_fields: Sequence[str], formats: Sequence[str]) -> DataFrame:
-    """(key, row, ver) -> ROWS_DDL: the sort key and the protobuf record of each row (null `row`: a
-    key that is deleted keeps only its sort key). With `encode_net`, the one place rows are encoded."""
+    """STATE_DDL rows -> ROWS_DDL: the sort key and the protobuf record of each row (null `row`: a
+    key that is deleted keeps only its sort key). A record the row already carries (encoded as it
+    entered: a copied row, a state's row) is kept, not encoded again. With `encode_net`, the one
+    place rows are encoded."""
     func = functools.partial(_encode_batches, key_fields=tuple(key_fields), protobuf="protobuf" in formats,
                              text_column="row")
-    encoded = frame.select("key", "row", "ver").mapInArrow(func, "key STRING, row STRING, ver STRING, sk BINARY, "
-                                                                 "pb BINARY")
+    encoded = frame.select(*STATE_ARROW.names).mapInArrow(func, "key STRING, row STRING, ver STRING, sk BINARY, "
+                                                                "pb BINARY")
     return encoded.select("key", "sk", "row", "pb", "ver")
 
 
@@ -441,17 +454,18 @@ class StateBase:
         fall in: the keys' sort keys are computed (Python per wanted key), their bucket ids collected."""
         if tuple(key_fields) != self.key_fields:
             raise ValueError(f"state at {self.path} is keyed by {list(self.key_fields)}, not {list(key_fields)}")
-        wanted = keys.selectExpr("key", "CAST(NULL AS STRING) AS row", "CAST(NULL AS STRING) AS ver")
+        wanted = keys.selectExpr("key", "CAST(NULL AS STRING) AS row", "CAST(NULL AS STRING) AS ver",
+                                 "CAST(NULL AS BINARY) AS pb")
         located = encode_rows(wanted, key_fields, ())
         found = located.selectExpr(f"{bucket_expr(self.bounds)} AS b").distinct().collect()
         buckets = sorted(int(r["b"]) for r in found)
-        return self.rows_frame(spark, buckets).select("key", "row", "ver").join(keys.select("key"), "key", "left_semi")
+        return self.rows_frame(spark, buckets).select(*STATE_ARROW.names).join(keys.select("key"), "key", "left_semi")
 
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
-        """The rows as STATE_DDL (key, row, ver)."""
+        """The rows as STATE_DDL (key, row, ver, and the protobuf record the state keeps)."""
         if tuple(key_fields) != self.key_fields:
             raise ValueError(f"state at {self.path} is keyed by {list(self.key_fields)}, not {list(key_fields)}")
-        return self.rows_frame(spark).select("key", "row", "ver")
+        return self.rows_frame(spark).select(*STATE_ARROW.names)
 
     def describe(self) -> str:
         return f"state dataset {self.path} at {self.position} ({self.rows} rows, {len(self.buckets)} buckets)"

@@ -20,12 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resources.buffer.segments import encode_text_snapshot_row, record_batch, with_images
+from resources.buffer.segments import encode_snapshot_row, encode_text_snapshot_row, record_batch, with_images
 from resources.subscribers import pgtypes
-from resources.subscribers.text_columns import encode_column, encode_images
+from resources.subscribers.text_columns import encode_column, encode_copies, encode_images
 from resources.subscribers.text_rows import RowCodec, TextSnapshotRow
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.errors import EncodeError
+from snapshot_assets.archive.formats.protobuf import snapshot_record
 
 _TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
 
@@ -91,8 +92,12 @@ def test_a_batch_of_rows_is_encoded_as_the_typed_path_encodes_each_row(data: Any
     codec = RowCodec(tuple(names), tuple(specs), (names[0],))
     rows = data.draw(st.lists(st.tuples(*(st.none() | _SPEC_TEXTS[s] for s in specs)), min_size=1, max_size=12))
     keys = [f"[{i}]" for i in range(len(rows))]
-    encoded = encode_images(codec, pa.array([list(r) for r in rows], pa.list_(pa.string())), pa.array(keys))
+    encoded, records = encode_copies(codec, pa.array([list(r) for r in rows], pa.list_(pa.string())),
+                                     pa.array(keys), records=True)
     assert encoded.to_pylist() == [gojson.encode_row(codec.image(r), lambda: "") for r in rows]
+    # the protobuf records: what the state's per-row path makes of that very text
+    assert records is not None
+    assert records.to_pylist() == [snapshot_record(gojson.loads(text), ()) for text in encoded.to_pylist()]
 
 
 def test_a_value_no_format_holds_is_refused_by_column_and_row_key_as_the_typed_path_refuses_it() -> None:
@@ -111,6 +116,18 @@ def test_copied_rows_of_two_table_shapes_in_one_batch_get_their_own_images() -> 
     batch = record_batch([encode_text_snapshot_row(r, i, "0/1", lambda: "") for i, r in enumerate(rows, 1)])
     assert with_images(batch).column("new").to_pylist() == \
         ['{"id":1,"v":"x"}', '{"id":2,"v":5,"w":true}', '{"id":3,"v":null}']
+    read = with_images(batch, records=True)
+    texts = read.column("new").to_pylist()
+    assert read.column("pb").to_pylist() == [snapshot_record(gojson.loads(t), ()) for t in texts]
+
+
+def test_only_copied_rows_get_records_beside_their_images() -> None:
+    codec = RowCodec(("id", "v"), ("int", "text"), ("id",))
+    copied = encode_text_snapshot_row(TextSnapshotRow(codec, ("1", "x")), 1, "0/1", lambda: "")
+    typed = encode_snapshot_row({"id": 2, "v": "y"}, 2, ("id",), "0/1", "")
+    read = with_images(record_batch([copied, typed]), records=True)
+    assert read.column("pb").to_pylist() == [snapshot_record({"id": 1, "v": "x"}, ()), None]
+    assert with_images(record_batch([typed]), records=True).column("pb").to_pylist() == [None]
 
 
 def test_an_integer_text_postgresql_would_not_print_goes_through_the_typed_path() -> None:

@@ -25,8 +25,10 @@ from resources.buffer.segments import (
 )
 from resources.subscribers.events import ChangeEvent, ResyncEnd, SchemaEvent, SnapshotRow
 from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow
+from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Action
 from snapshot_assets.archive.errors import ArchiveError, EncodeError
+from snapshot_assets.archive.formats.protobuf import snapshot_record
 from tests.pg import test_postgres_source as pgsrc
 from tests.pg.test_postgres_source import _TYPES_DDL, _TYPES_VALUES, Db, Stream
 
@@ -95,6 +97,9 @@ def _copied_as_read(events: list[Any], key_fields: tuple[str, ...]) -> None:
     expected = record_batch(typed_rows).to_pylist()
     assert [{k: v for k, v in r.items() if k not in _TEXT_COLUMNS} for r in read] == \
         [{k: v for k, v in r.items() if k not in _TEXT_COLUMNS} for r in expected]
+    # the protobuf record made beside the image is the state's per-row record of that image
+    records = with_images(record_batch(text_rows), records=True).column("pb").to_pylist()
+    assert records == [snapshot_record(gojson.loads(r["new"]), key_fields) for r in expected]
 
 
 def test_every_type_of_the_initial_copy_reads_back_as_the_typed_row(source: Any, db: Db) -> None:

@@ -23,8 +23,11 @@ from resources.subscribers.events import (
     TableSchema,
     TxEnd,
 )
+from resources.subscribers.text_rows import RowCodec, TextSnapshotRow
+from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Action
 from snapshot_assets.archive.formats import FORMATS
+from snapshot_assets.archive.formats.protobuf import snapshot_record
 from snapshot_assets.archive.keys import snapshot_key
 from snapshot_assets.archive.positions import format_lsn
 from snapshot_assets.archive.sortkey import sort_key
@@ -77,8 +80,19 @@ def row(i: int, version: int = 0) -> dict[str, Any]:
     return {"id": BIG + i, "name": f"user {i}", "note": "x" * (40 + i % 17), "version": version}
 
 
-def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]]) -> tuple[BufferReader, list[str]]:
-    """A buffer: an initial load of `initial` rows, then one transaction per wave of (action, i)."""
+#: The table's rows as PostgreSQL's column text (what the PostgreSQL source copies).
+CODEC = RowCodec(("id", "name", "note", "version"), ("int", "text", "text", "int"), KEYS)
+
+
+def copied(i: int) -> SnapshotRow:
+    r = row(i)
+    return TextSnapshotRow(CODEC, tuple(str(r[name]) for name in CODEC.names))
+
+
+def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]], *,
+                text: bool = False) -> tuple[BufferReader, list[str]]:
+    """A buffer: an initial load of `initial` rows (typed, or with `text` kept as column text),
+    then one transaction per wave of (action, i)."""
     lsn = 0x1000
     positions = []
     with ChangeBuffer(root, TABLE, seal_interval=3600.0, seal_changes=10_000) as buffer:
@@ -87,7 +101,7 @@ def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]])
         buffer.append(SchemaEvent(TableSchema(TABLE, columns)))
         buffer.append(ResyncBegin("initial load"))
         for i in range(initial):
-            buffer.append(SnapshotRow(row(i)))
+            buffer.append(copied(i) if text else SnapshotRow(row(i)))
         buffer.append(ResyncEnd(format_lsn(lsn), initial))
         positions.append(format_lsn(lsn))
         for w, wave in enumerate(waves, start=1):
@@ -107,6 +121,36 @@ def expected_bytes(format_id: str, rows: dict[int, dict[str, Any]]) -> bytes:
     """What the single-process writer produces for the table, rows in sort-key order."""
     ordered = sorted(rows.values(), key=lambda r: sort_key([r["id"]]))
     return python_bytes(format_id, "snapshot", ordered)
+
+
+def test_a_copy_kept_as_column_text_is_encoded_once_into_the_typed_copys_bytes(spark: Any, tmp_path: Path) -> None:
+    """The copy's protobuf records are made beside its JSON as the buffer is read (the base carries
+    them), and the snapshot and the re-base after it are the single-process writer's bytes."""
+    initial = 1500
+    reader, positions = buffer_with(tmp_path / "buffer", initial, [[(Action.UPDATE, 7), (Action.INSERT, initial)]],
+                                    text=True)
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    base = BufferSnapshotBase(reader.segment_ref(resync.segment))
+    carried = base.frame(spark, KEYS).select("row", "pb").collect()
+    assert len(carried) == initial
+    assert all(bytes(r["pb"]) == snapshot_record(gojson.loads(r["row"]), KEYS) for r in carried)
+    dest = LocalDestination(tmp_path / "archive")
+    first = build_snapshot(spark, base, [], positions[0], KEYS, BYTE_FORMATS, tmp_path / "staging1",
+                           tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
+    refs = assemble(first, [dest], "t", 1)
+    table = {i: row(i) for i in range(initial)}
+    for fid in BYTE_FORMATS:
+        got = dest.get(refs[fid].uri.split("/archive/", 1)[1])
+        assert got is not None and got.data == expected_bytes(fid, table), fid
+    second = build_snapshot(spark, LayeredBase(first.details["state"], ()), reader.segments(positions[0], positions[1]),
+                            positions[1], KEYS, BYTE_FORMATS, tmp_path / "staging2", tmp_path / "state" / "epoch=2",
+                            bucket_bytes=16 * 1024)
+    refs = assemble(second, [dest], "t", 2)
+    table.update({7: row(7, 1), initial: row(initial, 1)})
+    for fid in BYTE_FORMATS:
+        got = dest.get(refs[fid].uri.split("/archive/", 1)[1])
+        assert got is not None and got.data == expected_bytes(fid, table), fid
 
 
 def test_a_rebase_of_recent_rows_rewrites_only_their_buckets_and_copies_the_rest(spark: Any, tmp_path: Path) -> None:
