@@ -131,7 +131,7 @@ DESTINATIONS = '{ type = local, path = "/tmp/never-written" }'
      "source.protocol"),
     (f'source {{ type = postgres, table = t, dsn = "host=h password={PASSWORD} broken" }}', "source.dsn"),
     (f'source {{ type = postgres, table = t, dsn = "{DSN}" \n bad syntax here = = }}', "syntax error at line"),
-])
+], ids=["interval", "slot", "tables", "key_fields", "protocol", "dsn", "syntax"])  # no password in a test id
 def test_config_errors_name_the_key_not_the_password(body: str, names: str) -> None:
     text = f"snapshotter {{ {body}, destinations = [ {DESTINATIONS} ] }}"
     with pytest.raises(ConfigError) as raised:
