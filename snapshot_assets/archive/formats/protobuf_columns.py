@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 from google.protobuf import struct_pb2
 
 from snapshot_assets.archive import gojson
+from snapshot_assets.archive.formats.protobuf import _varint, set_value
 from snapshot_assets.archive.gojson import MAX_SAFE_INT
 
 _LEN = 0x0A  # field 1, wire type LEN: SnapshotRow.row, a Struct's map entry, an entry's key
@@ -68,10 +69,6 @@ def varints(lengths: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.large_binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def _varint_bytes(n: int) -> bytes:
-    return bytes(varints(np.array([n], dtype=np.int64))[0].as_py())
-
-
 def _delimited(field: bytes, payload: pa.Array) -> pa.Array:
     """`field varint(len(payload)) payload` for each value of the binary array `payload`."""
     lengths = pc.binary_length(payload).to_numpy(zero_copy_only=False)
@@ -89,8 +86,6 @@ def _doubles(values: np.ndarray) -> pa.Array:
 
 def _typed_value(token: str) -> bytes:
     """The Value bytes of one token through the typed path (decode, `set_value`, serialize)."""
-    from snapshot_assets.archive.formats.protobuf import set_value
-
     value = struct_pb2.Value()
     set_value(value, gojson.loads(token))
     return value.SerializeToString(deterministic=True)
@@ -192,7 +187,7 @@ def snapshot_records(names: Sequence[str], columns: Sequence[pa.Array]) -> pa.Ar
     entries: list[pa.Array] = []
     for j in _entry_order(names):
         name = gojson.valid_text(names[j]).encode("utf-8")
-        key = bytes([_LEN]) + _varint_bytes(len(name)) + name + _VALUE
+        key = bytes([_LEN]) + _varint(len(name)) + name + _VALUE
         entries.append(_delimited(bytes([_LEN]), _delimited(key, value_bytes(columns[j]))))
     struct = pc.binary_join_element_wise(*entries, pa.scalar(b"", pa.large_binary())) if entries else \
         pa.array([b""] * (len(columns[0]) if columns else 0), pa.large_binary())
