@@ -77,6 +77,10 @@ class SparkRuntime:
     mode: Mode
     startup_s: float
     note: str = ""
+    #: False when a classic session was joined rather than started: `getOrCreate` hands out the
+    #: process's running SparkContext (a host process's own, e.g. a notebook or a test session),
+    #: which is not this runtime's to stop.
+    owned: bool = True
 
     @property
     def is_connect(self) -> bool:
@@ -84,7 +88,8 @@ class SparkRuntime:
 
     def stop(self) -> None:
         """End this client's session (a local Connect server keeps running for the next run)."""
-        self.spark.stop()
+        if self.owned:
+            self.spark.stop()
         if self.is_connect:
             os.environ.pop(CONNECT_MODE, None)
 
@@ -225,6 +230,7 @@ def open_spark(config: SparkConfig | None = None, *, state_dir: Path | str = DEF
     plan = plan_spark(config, state_dir, app_name)
     if plan.settings.get("spark.master", "").startswith("local"):
         _local_python()
+    joined = _running_context()
     try:
         spark = make_session(plan.settings)
     except Exception as exc:  # a local server that started but refuses sessions (e.g. a bad setting)
@@ -232,13 +238,22 @@ def open_spark(config: SparkConfig | None = None, *, state_dir: Path | str = DEF
             raise
         plan = _fallback(config, app_name, f"Spark Connect session failed ({type(exc).__name__}: {exc})")
         _local_python()
+        joined = _running_context()
         spark = make_session(plan.settings)
     if ship_code and plan.ships_code:
         ship_project_code(spark, connect=plan.mode == "connect")
-    runtime = SparkRuntime(spark, plan.mode, time.monotonic() - started, plan.note)
+    runtime = SparkRuntime(spark, plan.mode, time.monotonic() - started, plan.note,
+                           owned=plan.mode.startswith("connect") or not joined)
     log.info("Spark session ready in %.2fs (%s%s)", runtime.startup_s, runtime.mode,
              f": {runtime.note}" if runtime.note else "")
     return runtime
+
+
+def _running_context() -> bool:
+    """Whether this process already runs a classic SparkContext (which a classic builder would join)."""
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is not None
 
 
 def project_code_zip(dest_dir: Path | str | None = None) -> Path:

@@ -53,6 +53,16 @@ def test_fallback_to_a_classic_session_when_the_server_cannot_start(
     assert runtime.spark.range(3).count() == 3  # the suite's classic session, reused
 
 
+def test_a_runtime_that_joined_a_running_classic_session_leaves_it_running(spark: Any, tmp_path: Path) -> None:
+    """A run inside a process that already holds a SparkContext (a notebook, a test session) gets
+    that context from the classic builder; the run's teardown must not stop it under its owner."""
+    runtime = open_spark(SparkConfig(master="local[2]"), state_dir=tmp_path)
+    assert runtime.mode == "classic" and not runtime.owned
+    assert runtime.spark.sparkContext is spark.sparkContext
+    runtime.stop()
+    assert spark.range(4).count() == 4  # still running for its owner
+
+
 @pytest.mark.slow
 def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Start the server, run a real diff over Spark Connect, reuse the warm server, stop it."""
