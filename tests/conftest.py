@@ -19,6 +19,12 @@ from pathlib import Path
 
 import boto3
 import pytest
+from hypothesis import settings
+
+# Property tests assert outcomes, not speed: no per-example deadline (on a loaded 2-core machine, with
+# two workers and their Spark and PostgreSQL processes, a first example can take seconds).
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 _AWS_TEST_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",

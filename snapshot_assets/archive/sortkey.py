@@ -20,6 +20,10 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from snapshot_assets.archive import gojson
 
 _NULL, _BOOL, _INT, _FLOAT, _STR, _OTHER = 0x00, 0x01, 0x02, 0x03, 0x04, 0x05
@@ -77,3 +81,63 @@ def sort_key_of(key_json: str) -> bytes:
     if not isinstance(values, list):
         raise ValueError(f"a key must be a JSON array of the key values, got {key_json[:80]!r}")
     return sort_key(values)
+
+
+# --- a column of keys at once ------------------------------------------------------------------------
+
+_BYTE_STEPS = np.array([1 << (8 * k) for k in range(1, 8)], dtype=np.uint64)
+
+
+def _magnitude_bytes(magnitude: np.ndarray) -> np.ndarray:
+    """How many big-endian bytes each uint64 magnitude needs (at least one), as `_int` counts them."""
+    size: np.ndarray = 1 + (magnitude[:, None] >= _BYTE_STEPS[None, :]).sum(axis=1)
+    return size
+
+
+def _int64_sort_keys(values: np.ndarray) -> pa.Array:
+    """`sort_key_of("[v]")` of each int64 `v`, built with numpy: a table-sized key column never
+    crosses Python row by row. The bytes are `_INT`, the length byte and the body of `_int`."""
+    negative = values < 0
+    magnitude = np.where(negative, np.uint64(0) - values.astype(np.uint64), values.astype(np.uint64))
+    size = _magnitude_bytes(magnitude)
+    shift = (8 * size).astype(np.uint64)
+    full = size == 8  # 256**8 does not fit: 2**64 - m is -m in wrapping uint64 arithmetic
+    complement = np.where(full, np.uint64(0) - magnitude,
+                          (np.uint64(1) << np.where(full, np.uint64(0), shift)) - magnitude)
+    body = np.where(negative, complement, magnitude)
+    rows = np.empty((len(values), 10), dtype=np.uint8)
+    rows[:, 0] = _INT
+    rows[:, 1] = np.where(negative, 0x7F - size, 0x80 + size)
+    rows[:, 2:] = body.astype(">u8").view(np.uint8).reshape(-1, 8)
+    keep = np.ones((len(values), 10), dtype=bool)
+    keep[:, 2:] = np.arange(8)[None, :] >= (8 - size)[:, None]
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(2 + size, out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(rows[keep])])
+
+
+def sort_keys(keys: pa.Array) -> pa.Array:
+    """`sort_key_of` of every canonical key JSON of a string column, as a binary column. A column of
+    keys of one int64 integer each (the common primary key) takes a vectorized path; any other
+    column goes key by key through `sort_key_of`, so the rule stays the one above."""
+    if keys.null_count:
+        raise ValueError("a key column holds nulls")
+    numbers = _one_int64_each(keys)
+    if numbers is not None:
+        return _int64_sort_keys(numbers)
+    return pa.array([sort_key_of(key) for key in keys.to_pylist()], pa.binary())
+
+
+def _one_int64_each(keys: pa.Array) -> np.ndarray | None:
+    """The integers of keys that are all `[<int64>]` in canonical form, else None."""
+    if not len(keys):
+        return None
+    try:
+        numbers = pc.cast(pc.utf8_slice_codeunits(keys, 1, -1), pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # not an integer, or beyond int64
+        return None
+    canonical = pc.binary_join_element_wise("[", pc.cast(numbers, pa.string()), "]", "")
+    if not pc.all(pc.equal(canonical, keys)).as_py():  # not "[<digits>]" as written: "[-0]", "[+7]", "[07]"
+        return None
+    values: np.ndarray = numbers.to_numpy(zero_copy_only=False)
+    return values

@@ -60,7 +60,7 @@ from snapshot_assets.archive.key_index import (
 )
 from snapshot_assets.archive.keys import row_key
 from snapshot_assets.archive.row_schema import RowSchema
-from snapshot_assets.archive.sortkey import sort_key_of
+from snapshot_assets.archive.sortkey import sort_keys
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
 from snapshot_assets.spark.effects import NET_DDL, STATE_ARROW, decode_row
@@ -119,7 +119,7 @@ def _encoded(batch: pa.RecordBatch, key_fields: tuple[str, ...], protobuf: bool,
         text = texts.filter(too_long)[0].as_py()
         raise EncodeError(f"encoded line is over {MAX_LINE_BYTES} bytes (16 MiB), laredo's jsonl limit",
                           row_key=row_key(decode_row(text), key_fields))
-    sks = pa.array([sort_key_of(key) for key in batch.column("key").to_pylist()], pa.binary())
+    sks = sort_keys(batch.column("key"))
     known = batch.column("pb") if "pb" in batch.schema.names else None
     pbs = _records(texts, known, key_fields) if protobuf else pa.nulls(batch.num_rows, pa.binary())
     kept = [name for name in batch.schema.names if name != "pb"]
@@ -155,8 +155,7 @@ def encode_net(net: DataFrame, key_fields: Sequence[str], formats: Sequence[str]
 
 def _sample_batches(batches: Iterable[Any]) -> Iterator[Any]:
     for batch in batches:
-        sks = [sort_key_of(k) for k in batch.column("key").to_pylist()]
-        yield pa.RecordBatch.from_arrays([pa.array(sks, pa.binary())], names=["sk"])
+        yield pa.RecordBatch.from_arrays([sort_keys(batch.column("key"))], names=["sk"])
 
 
 def sample_bounds(frame: DataFrame, buckets: int, rows: int) -> list[bytes]:
