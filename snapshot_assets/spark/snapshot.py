@@ -4,8 +4,9 @@ Two ways, both ending in a new STATE dataset (`state.StateBase`) and the artifac
 
   incremental  the base is a bucketed state (with the deltas of the diffs after it) and nothing
                since wiped the table: the keys changed since the state are encoded (Python per
-               changed key only), the buckets they fall in are read, merged with them and rewritten
-               (`state.write_buckets`); every other bucket keeps its rows file, and its bytes in the
+               changed key only) and shuffled to the buckets they fall in; the task rewriting such
+               a bucket reads its stored rows file itself and merges them in with Arrow kernels
+               (`state.write_buckets(into=...)`); every other bucket keeps its rows file, and its bytes in the
                new object are a `Reuse` of the previous snapshot object's range (`previous_keys`)
                or, without one, its stored bytes concatenated again (`regenerate`). Cost: the changed
                buckets, not the table.
@@ -165,17 +166,11 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
         return StateBuild(moved, frozenset(), {}, "incremental")
     changed = materialize(latest_images(layers, ROWS_DDL), scratch / "changed")
     touched = sorted(int(r["b"]) for r in changed.selectExpr(f"{bucket_expr(bounds)} AS b").distinct().collect())
-    upserts = changed.filter("row IS NOT NULL")
-    if state.schema is not None:
-        old = state.typed_frame(spark, touched) if any(state.buckets[i].path for i in touched) else None
-        upserts = typed_columns(upserts, state.schema)
-    else:
-        old = state.rows_frame(spark, touched)
-    merged = upserts if old is None else \
-        old.join(changed.select("key"), "key", "left_anti").unionByName(upserts)
+    if state.schema is not None:  # the changed rows' typed columns (a deleted key's are null)
+        changed = typed_columns(changed, state.schema)
     uploads = pieces.begin(len(state.buckets))
-    reports = write_buckets(merged, bounds, len(touched), pool, pieces.staged, formats, uploads,
-                            block_bytes_for(bucket_bytes))
+    reports = write_buckets(changed, bounds, len(touched), pool, pieces.staged, formats, uploads,
+                            block_bytes_for(bucket_bytes), into=state)
     buckets = buckets_from_reports(reports, bounds, emptied(state.buckets, touched, formats))
     built = replace(moved, rows=sum(b.rows for b in buckets), buckets=buckets)
     return StateBuild(built, frozenset(touched), pieces.blobs(reports), "incremental")

@@ -67,7 +67,7 @@ from snapshot_assets.spark.effects import NET_DDL, STATE_ARROW, decode_row
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import image_type, refusing_misfits
 from snapshot_assets.spark.pieces import PieceWriter, Uploads
-from snapshot_assets.spark.remote_io import read_parquet_files
+from snapshot_assets.spark.remote_io import input_file, read_parquet_files
 
 STATE_MARKER = "_snapshotter_state.json"
 STATE_VERSION = 3  # 3: rows keep their version (a state of 2 has none: one full build writes them)
@@ -304,26 +304,53 @@ class _BucketOut:
         return reports
 
 
-def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, token: str,
-                 formats: tuple[str, ...], uploads: Uploads | None, block_bytes: int) -> Iterator[Any]:
-    """Rows sorted by (bucket, sk) -> one rows file and one piece per format for each bucket seen."""
-    reports: list[_Report] = []
-    current: _BucketOut | None = None
+def _bucket_slices(batches: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+    """Rows sorted by (bucket, sk) -> (bucket, its rows without the bucket column), batch slice by slice."""
     for batch in batches:
         buckets = batch.column("bucket").to_numpy(zero_copy_only=False)
         starts = [0, *(np.flatnonzero(np.diff(buckets)) + 1).tolist(), len(buckets)]
         rows = batch.drop_columns(["bucket"])
         for lo, hi in itertools.pairwise(starts):
-            if lo == hi:
-                continue
-            bucket = int(buckets[lo])
-            if current is None or current.bucket != bucket:
-                if current is not None:
-                    reports.extend(current.close())
-                current = _BucketOut(bucket, rows.column("sk")[lo].as_py(), pool,
-                                     None if staging is None else Path(staging), token, formats, uploads,
-                                     block_bytes)
-            current.write(rows.slice(lo, hi - lo))
+            if lo < hi:
+                yield int(buckets[lo]), rows.slice(lo, hi - lo)
+
+
+def _merged_buckets(slices: Iterable[tuple[int, Any]], stored: Mapping[int, str],
+                    s3: S3Connection | None) -> Iterator[tuple[int, Any]]:
+    """Each bucket's changes (a deleted key: null row) merged into its stored rows file, read by
+    this task from where it lives: the file's rows minus the changed keys, plus the changed rows
+    that have an image, in sk order. Arrow kernels over one bucket at a time; no row crosses Python."""
+    for bucket, group in itertools.groupby(slices, key=lambda item: item[0]):
+        changes = pa.Table.from_batches([rows for _, rows in group])
+        merged = changes.filter(pc.is_valid(changes.column("row")))
+        path = stored.get(bucket)
+        if path is not None:
+            with input_file(path, s3) as source:
+                old = pq.read_table(source, columns=changes.schema.names)
+            kept = old.filter(pc.invert(pc.is_in(old.column("key"), value_set=changes.column("key"))))
+            merged = pa.concat_tables([kept.cast(changes.schema), merged]).sort_by("sk")
+        for rows in merged.combine_chunks().to_batches(max_chunksize=_MERGED_BATCH_ROWS):
+            yield bucket, rows
+
+
+_MERGED_BATCH_ROWS = 65536
+
+
+def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, token: str,
+                 formats: tuple[str, ...], uploads: Uploads | None, block_bytes: int,
+                 stored: Mapping[int, str] | None, s3: S3Connection | None) -> Iterator[Any]:
+    """Rows sorted by (bucket, sk) -> one rows file and one piece per format for each bucket seen
+    (with `stored`: each bucket's changes, merged into its stored rows file first)."""
+    reports: list[_Report] = []
+    current: _BucketOut | None = None
+    slices = _bucket_slices(batches)
+    for bucket, rows in slices if stored is None else _merged_buckets(slices, stored, s3):
+        if current is None or current.bucket != bucket:
+            if current is not None:
+                reports.extend(current.close())
+            current = _BucketOut(bucket, rows.column("sk")[0].as_py(), pool,
+                                 None if staging is None else Path(staging), token, formats, uploads, block_bytes)
+        current.write(rows)
     if current is not None:
         reports.extend(current.close())
     columns = list(zip(*reports, strict=True)) if reports else [()] * len(_REPORT_ARROW)
@@ -333,17 +360,22 @@ def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, to
 
 def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: int, pool: Path | Location,
                   staging: Path | None, formats: Sequence[str], uploads: Uploads | None = None,
-                  block_bytes: int = BLOCK_BYTES) -> list[Any]:
+                  block_bytes: int = BLOCK_BYTES, *, into: StateBase | None = None) -> list[Any]:
     """Write the buckets present in `encoded` (ROWS_DDL rows, and the typed `columns` when the archive
     has parquet): each bucket's rows sorted by sk into one new rows file of the pool, and its bytes
     in each byte format as a piece: a file staged in `staging` (local runtime), or sent into
     `uploads` (`staging` None); its key index entries every `block_bytes`. Returns the tasks'
-    reports (REPORT_DDL); a value that does not fit the typed columns raises SchemaMisfit."""
+    reports (REPORT_DDL); a value that does not fit the typed columns raises SchemaMisfit.
+
+    With `into` (a state with these bounds), `encoded` holds changes (a deleted key: null row) and
+    each bucket they fall in is that state's bucket with them merged in: the task rewriting it reads
+    the stored rows file itself, so only the changes are shuffled, never the buckets' rows."""
     where = Location.of(pool).make()
     byte_formats = piece_formats(formats)
+    stored = None if into is None else {i: b.path for i, b in enumerate(into.buckets) if b.path is not None}
     func = functools.partial(_bucket_task, pool=where, staging=None if staging is None else str(staging),
                              token=uuid.uuid4().hex[:12], formats=byte_formats, uploads=uploads,
-                             block_bytes=block_bytes)
+                             block_bytes=block_bytes, stored=stored, s3=None if into is None else into.s3)
     typed = ["columns"] if "columns" in encoded.columns else []
     frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb", "ver", *typed)
     frame = frame.repartition(max(1, touched), "bucket").sortWithinPartitions("bucket", "sk")
