@@ -39,15 +39,6 @@ _AWS_UNSET = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REG
 _STARTUP_TIMEOUT_S = 30.0
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On several workers, the files holding slow tests go first: xdist hands out whole files in
-    collection order, so the quick files are left to even out the workers' ends."""
-    if not getattr(config.option, "numprocesses", None):
-        return
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def aws_test_credentials() -> Iterator[None]:
     """Dummy AWS credentials for the whole session, so no test can ever reach a real account."""
