@@ -218,6 +218,36 @@ def test_uniform_churn_rewrites_every_bucket_and_gives_the_same_bytes_as_a_full_
         assert a == b and len(a) == incremental.formats[fid].bytes
 
 
+def test_the_tasks_merge_changes_into_stored_rows_and_a_bucket_can_empty(spark: Any, tmp_path: Path) -> None:
+    """A re-base shuffles only the changes; each task merges them into its bucket's stored rows
+    (typed columns too): a bucket whose every row is deleted ends empty, and the artifact in every
+    format equals a full build of the same table."""
+    import pyarrow.parquet as pq
+
+    initial, formats = 2000, ("jsonl", "protobuf", "parquet")
+    wave = ([(Action.DELETE, i) for i in range(400)] + [(Action.UPDATE, i) for i in range(400, initial, 9)]
+            + [(Action.INSERT, i) for i in range(initial, initial + 20)])
+    reader, positions = buffer_with(tmp_path / "buffer", initial, [wave])
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
+                           formats, tmp_path / "s1", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
+    segments = reader.segments(positions[0], positions[1])
+    incremental = build_snapshot(spark, first.details["state"], segments, positions[1], KEYS, formats,
+                                 tmp_path / "s2", tmp_path / "state" / "epoch=2", bucket_bytes=16 * 1024)
+    full = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), segments, positions[1], KEYS,
+                          formats, tmp_path / "s3", tmp_path / "other" / "epoch=2", bucket_bytes=64 * 1024)
+    assert incremental.details["mode"] == "incremental" and full.details["mode"] == "full"
+    state: StateBase = incremental.details["state"]
+    assert state.buckets[0].rows == 0 and state.buckets[0].path is None  # its keys were all deleted
+    assert state.rows == full.details["state"].rows == initial - 400 + 20
+    for fid in BYTE_FORMATS:
+        a = b"".join(p.read_bytes() for p in incremental.formats[fid].files())
+        assert a == b"".join(p.read_bytes() for p in full.formats[fid].files()), fid
+    merged, rebuilt = (pq.read_table(b.formats["parquet"].files()[0]).sort_by("id") for b in (incremental, full))
+    assert merged.equals(rebuilt) and merged.num_rows == state.rows
+
+
 def test_a_rebase_after_diffs_merges_the_rows_the_diffs_encoded(spark: Any, tmp_path: Path) -> None:
     """Diffs encode their new images into the state's deltas; the snapshot after them runs no encoder."""
     from snapshot_assets.spark.diff import build_diff
