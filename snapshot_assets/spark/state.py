@@ -315,6 +315,9 @@ def _bucket_slices(batches: Iterable[Any]) -> Iterator[tuple[int, Any]]:
                 yield int(buckets[lo]), rows.slice(lo, hi - lo)
 
 
+_MERGED_BATCH_ROWS = 65536  # rows per batch a merged bucket is written in
+
+
 def _merged_buckets(slices: Iterable[tuple[int, Any]], stored: Mapping[int, str],
                     s3: S3Connection | None) -> Iterator[tuple[int, Any]]:
     """Each bucket's changes (a deleted key: null row) merged into its stored rows file, read by
@@ -331,9 +334,6 @@ def _merged_buckets(slices: Iterable[tuple[int, Any]], stored: Mapping[int, str]
             merged = pa.concat_tables([kept.cast(changes.schema), merged]).sort_by("sk")
         for rows in merged.combine_chunks().to_batches(max_chunksize=_MERGED_BATCH_ROWS):
             yield bucket, rows
-
-
-_MERGED_BATCH_ROWS = 65536
 
 
 def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, token: str,
