@@ -392,11 +392,14 @@ def test_ledger_cuts_keep_the_invariant(ingest: tuple[Path, Path, Source]) -> No
     assert cli.main(["reconstruct", "--group", "ledger", "--config", str(config_path), "--at", early], stdout) == 1
 
     # The Spark reconstruct of the group at the newest cut: the same tables.
-    from snapshot_assets.spark.session import open_spark
+    from snapshot_assets.spark.session import CONNECT_MODE, open_spark
 
     runtime = open_spark(config.spark, state_dir=work / ".snapshotter" / "spark-connect")
     try:
-        at_cut, done = reconstruct_group_to_paths(runtime.spark, config, "ledger", None, work / "out", "jsonl")
+        with pytest.MonkeyPatch.context() as mode:  # the suite's process may also hold a classic session
+            if runtime.is_connect:
+                mode.setenv(CONNECT_MODE, "1")
+            at_cut, done = reconstruct_group_to_paths(runtime.spark, config, "ledger", None, work / "out", "jsonl")
     finally:
         runtime.stop()
     assert at_cut.position == cuts[-1].position
