@@ -27,6 +27,7 @@ from snapshot_assets.pipeline.diff_size import MeasuringSpark, diff_size
 from snapshot_assets.progress import LiveView, rate
 from snapshot_assets.run_output import RunOutput
 from snapshot_assets.services import ingest_table
+from snapshot_assets.spark.session import warm_local_server
 
 log = logging.getLogger(__name__)
 RUN_MEASURE_BUDGET_S = 300.0  # seconds `run --once` may spend measuring pending diffs (it runs Spark anyway)
@@ -87,14 +88,17 @@ def _quoted(name: str) -> str:
 
 def ingest_until_caught_up(table: TableConfig, *, idle_s: float = 2.0, timeout_s: float = 600.0,
                            ingest: Callable[[TableConfig, threading.Event], object] = ingest_table,
-                           view: LiveView | None = None) -> str | None:
+                           view: LiveView | None = None, on_pending: Callable[[], object] | None = None) -> str | None:
     """Run the table's ingest loop until the buffer reaches the start-time source position.
 
     Done when the source ends (finite), when the durable position reaches the target, or — for a
     source that cannot say where it is — when nothing new became durable for `idle_s`. `view`
     shows the changes made durable since the start (the buffer index's counts) as they grow.
+    `on_pending` is called before the ingest starts unless the source says nothing is pending.
     """
     target = source_position_now(table)
+    if on_pending is not None and target != "":
+        on_pending()
     log.info("%s: catching up to %s", table.name,
              target or ("the durable position" if target == "" else "the end of the stream (until it is quiet)"))
     cmp = comparator("lsn")
@@ -211,15 +215,25 @@ def run_once(config: SnapshotterConfig, tables: Sequence[str] = (), *, instance:
     chosen = [config.table(t) for t in tables] if tables else list(config.tables)
     sized = any(t.policy.max_diff_bytes or t.policy.max_diff_fraction for t in chosen)
     measuring = MeasuringSpark(config.spark, budget_s=RUN_MEASURE_BUDGET_S) if sized else None
+    warming: list[threading.Thread | None] = []
+
+    def warm() -> None:  # the Spark server boots while the changes come in (once per command)
+        if not warming:
+            warming.append(warm_local_server(config.spark))
+
     outcomes = []
     try:
         for table in chosen:
             if ingest:
-                ingested = ingest_until_caught_up(table, view=output.view if output is not None else None)
+                ingested = ingest_until_caught_up(table, view=output.view if output is not None else None,
+                                                  on_pending=warm)
                 log.info("%s: buffer durable at %s", table.name, ingested)
             outcomes.append(catch_up(defs, table.name, instance=instance, force=force, output=output,
                                      measuring=measuring))
     finally:
         if measuring is not None:
             measuring.close()
+        for thread in warming:
+            if thread is not None:
+                thread.join()  # a server start left running unattended could lose its pid file
     return outcomes

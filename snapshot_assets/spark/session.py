@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Mapping
@@ -192,7 +193,7 @@ def plan_spark(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR,
         base = LOCAL_DEFAULTS if config.master.startswith("local") else {}
         settings = {**named, **SESSION_DEFAULTS, **base, **config.conf, "spark.master": config.master}
         return SparkPlan(settings, "classic", config.master)
-    conf = {**SESSION_DEFAULTS, **LOCAL_DEFAULTS, **config.conf}
+    conf = _local_server_conf(config)
     try:
         info, started_now = ensure_local_connect_server(
             Path(state_dir), conf=conf, idle_timeout_s=config.local_server_idle_timeout.total_seconds())
@@ -200,6 +201,39 @@ def plan_spark(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR,
         return _fallback(config, app_name, f"local Spark Connect server unavailable ({exc})")
     note = f"{'started' if started_now else 'reused'} local server pid {info.pid} port {info.port}"
     return SparkPlan({**_session_level(conf), "spark.remote": info.url}, "connect-local", note)
+
+
+def _local_server_conf(config: SparkConfig) -> dict[str, str]:
+    return {**SESSION_DEFAULTS, **LOCAL_DEFAULTS, **config.conf}
+
+
+def uses_local_server(config: SparkConfig) -> bool:
+    """Whether `config` points at the local Spark Connect server (neither `remote` nor `master`)."""
+    return not config.remote and not config.master
+
+
+def warm_local_server(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR) -> threading.Thread | None:
+    """Start the local Connect server in the background, when `config` uses it, and return the thread.
+
+    Why: booting the server's JVM takes seconds (about 5 on 2 cores) that a caller with other work
+    first (`run --once` ingests before it builds) need not wait for. `plan_spark` later takes the
+    same server-directory lock, so it waits for this start rather than starting a second server; a
+    failure here is only logged, as `plan_spark` tries again and falls back on its own. Join the
+    thread before the process ends (the start is bounded by the server's start timeout).
+    """
+    if not uses_local_server(config):
+        return None
+
+    def start() -> None:
+        try:
+            ensure_local_connect_server(Path(state_dir), conf=_local_server_conf(config),
+                                        idle_timeout_s=config.local_server_idle_timeout.total_seconds())
+        except (ConnectServerError, OSError) as exc:
+            log.info("warming the local Spark Connect server failed (the run will try again): %s", exc)
+
+    thread = threading.Thread(target=start, name="spark-connect-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def _session_level(conf: Mapping[str, str]) -> dict[str, str]:

@@ -160,6 +160,22 @@ def test_the_ingest_loop_stops_on_mismatched_key_fields(table: Table, tmp_path: 
         ingest_until_caught_up(config, timeout_s=60)
 
 
+def test_the_ingest_loop_says_when_work_is_pending(table: Table, tmp_path: Path) -> None:
+    """`run --once` boots Spark during the ingest only when the source has something for the table."""
+    table.run(USER_ID.format(t=table.name), f"INSERT INTO {table.name} VALUES (1, 1, true)")
+    config = table_config(table, tmp_path)
+    calls: list[str] = []
+
+    def ingest(step: str) -> None:
+        ingest_until_caught_up(config, timeout_s=60, on_pending=lambda: calls.append(step))
+
+    ingest("initial load")  # no slot yet: the source cannot say, so work is assumed
+    ingest("nothing new")  # the slot has nothing after its confirmed position
+    table.run(f"INSERT INTO {table.name} VALUES (2, 2, false)")
+    ingest("a new row")
+    assert calls == ["initial load", "a new row"]
+
+
 # --- the pipeline: unset key_fields means the source's key, end to end --------------------------------
 
 

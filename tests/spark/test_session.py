@@ -27,7 +27,7 @@ from snapshot_assets.spark.connect_server import (
 )
 from snapshot_assets.spark.diff import build_diff
 from snapshot_assets.spark.effects import decode_row
-from snapshot_assets.spark.session import CONNECT_MODE, open_spark
+from snapshot_assets.spark.session import CONNECT_MODE, open_spark, warm_local_server
 from snapshot_assets.spark.snapshot import build_snapshot
 from tests.spark.conftest import ALL_FORMATS, by_key, generate, read_parts
 
@@ -71,8 +71,15 @@ def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
     state = tmp_path / "spark-connect"
     config = SparkConfig(conf={"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2"})
     try:
+        # `run --once` boots the server while it ingests; the session opened meanwhile waits for that
+        # server (or starts it, if it takes the lock first) rather than starting a second one.
+        warming = warm_local_server(config, state)
+        assert warming is not None and warm_local_server(SparkConfig(master="local[1]"), state) is None
         cold = open_spark(config, state_dir=state)
-        assert cold.mode == "connect-local" and cold.is_connect and "started" in cold.note
+        warming.join()
+        booted = local_server_info(state)
+        assert booted is not None and f"pid {booted.pid} " in cold.note
+        assert cold.mode == "connect-local" and cold.is_connect
         # The whole DEFAULT-identity path over Connect: a snapshot, then diffs on the layered state
         # (image completion in several passes, deltas), and the state at the head from 3 deltas.
         g = generate(tmp_path / "buffer", 71, truncate=0.005, changes=800, identity="default", pk_change=0.2)
