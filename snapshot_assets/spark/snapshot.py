@@ -142,7 +142,7 @@ def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], format
         schema = schema or infer_row_schema(table)
         encoded = typed_columns(encoded, schema)
     uploads = pieces.begin(len(bounds) + 1)
-    reports = write_buckets(encoded, bounds, len(bounds) + 1, pool, pieces.staged, formats, uploads,
+    reports = write_buckets(encoded, bounds, range(len(bounds) + 1), pool, pieces.staged, formats, uploads,
                             block_bytes_for(bucket_bytes))
     buckets = buckets_from_reports(reports, bounds)
     state = StateBase(state_dir.uri, position, sum(b.rows for b in buckets), fields, buckets, tuple(formats),
@@ -169,7 +169,7 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
     if state.schema is not None:  # the changed rows' typed columns (a deleted key's are null)
         changed = typed_columns(changed, state.schema)
     uploads = pieces.begin(len(state.buckets))
-    reports = write_buckets(changed, bounds, len(touched), pool, pieces.staged, formats, uploads,
+    reports = write_buckets(changed, bounds, touched, pool, pieces.staged, formats, uploads,
                             block_bytes_for(bucket_bytes), into=state)
     buckets = buckets_from_reports(reports, bounds, emptied(state.buckets, touched, formats))
     built = replace(moved, rows=sum(b.rows for b in buckets), buckets=buckets)

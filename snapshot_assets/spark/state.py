@@ -358,11 +358,53 @@ def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, to
                                      schema=_REPORT_ARROW)
 
 
-def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: int, pool: Path | Location,
+_MASK32 = 0xFFFFFFFF
+
+
+def _rotl32(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (32 - bits))) & _MASK32
+
+
+def spark_int_hash(value: int, seed: int = 42) -> int:
+    """Spark's `hash()` of one INT value (Murmur3_x86_32.hashInt with Spark's seed 42), signed.
+
+    Why here: `repartition(n, column)` places a row in partition `pmod(hash(column), n)`, so bucket
+    ids hashed as they are can share a partition while another stays empty (6 buckets fell into 3
+    tasks). `bucket_placement` picks for each bucket a value that hashes to a partition of its own."""
+    k1 = (value & _MASK32) * 0xCC9E2D51 & _MASK32
+    k1 = _rotl32(k1, 15) * 0x1B873593 & _MASK32
+    h1 = _rotl32((seed & _MASK32) ^ k1, 13)
+    h1 = (h1 * 5 + 0xE6546B64) & _MASK32
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & _MASK32
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & _MASK32
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def bucket_placement(buckets: Sequence[int]) -> str:
+    """The SQL of an INT column that sends each of `buckets` to a shuffle partition of its own when
+    the frame is repartitioned by it into `len(buckets)` partitions: one task per bucket."""
+    ordered = sorted(set(buckets))
+    if len(ordered) <= 1:
+        return "0"
+    width, arms, salt = len(ordered), [], 0
+    for partition, bucket in enumerate(ordered):
+        while spark_int_hash(salt) % width != partition:
+            salt += 1
+        arms.append(f"WHEN {bucket} THEN {salt}")
+        salt += 1
+    return f"CASE bucket {' '.join(arms)} ELSE 0 END"
+
+
+def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: Sequence[int], pool: Path | Location,
                   staging: Path | None, formats: Sequence[str], uploads: Uploads | None = None,
                   block_bytes: int = BLOCK_BYTES, *, into: StateBase | None = None) -> list[Any]:
     """Write the buckets present in `encoded` (ROWS_DDL rows, and the typed `columns` when the archive
-    has parquet): each bucket's rows sorted by sk into one new rows file of the pool, and its bytes
+    has parquet; `touched`: the buckets its rows fall in, one task each): each bucket's rows sorted
+    by sk into one new rows file of the pool, and its bytes
     in each byte format as a piece: a file staged in `staging` (local runtime), or sent into
     `uploads` (`staging` None); its key index entries every `block_bytes`. Returns the tasks'
     reports (REPORT_DDL); a value that does not fit the typed columns raises SchemaMisfit.
@@ -378,7 +420,8 @@ def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: int, poo
                              block_bytes=block_bytes, stored=stored, s3=None if into is None else into.s3)
     typed = ["columns"] if "columns" in encoded.columns else []
     frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb", "ver", *typed)
-    frame = frame.repartition(max(1, touched), "bucket").sortWithinPartitions("bucket", "sk")
+    frame = frame.selectExpr("*", f"{bucket_placement(touched)} AS task").repartition(max(1, len(set(touched))), "task")
+    frame = frame.drop("task").sortWithinPartitions("bucket", "sk")
     with refusing_misfits():
         return list(frame.mapInArrow(func, REPORT_DDL).collect())
 

@@ -36,7 +36,7 @@ from snapshot_assets.spark.assemble import assemble
 from snapshot_assets.spark.bases import BufferSnapshotBase, LayeredBase
 from snapshot_assets.spark.parts import Reuse
 from snapshot_assets.spark.snapshot import build_snapshot
-from snapshot_assets.spark.state import StateBase, bucket_of
+from snapshot_assets.spark.state import StateBase, bucket_of, bucket_placement, spark_int_hash
 from tests.spark.conftest import python_bytes
 
 TABLE = "public.events"
@@ -335,3 +335,25 @@ def test_an_s3_rebase_copies_the_untouched_buckets_server_side(spark: Any, tmp_p
     for fid in BYTE_FORMATS:
         got = dest.get(refs[fid].uri.split(f"s3://{s3_bucket}/", 1)[1])
         assert got is not None and got.data == expected_bytes(fid, table), fid
+
+
+# --- one task per bucket -------------------------------------------------------------------------
+
+
+def test_the_python_hash_is_sparks(spark: Any) -> None:
+    """`spark_int_hash` is Spark's `hash()` of an INT (what `repartition(n, column)` places rows by)."""
+    values = [0, 1, -1, 7, 42, 2**31 - 1, -(2**31), 123_456_789, -987_654]
+    got = spark.createDataFrame([(v,) for v in values], "v INT").selectExpr("v", "hash(v) AS h").collect()
+    assert {r["v"]: r["h"] for r in got} == {v: spark_int_hash(v) for v in values}
+
+
+@pytest.mark.parametrize("buckets", [[0, 1, 2, 3, 4, 5], [3, 9, 14], list(range(15)), [7]])
+def test_every_bucket_gets_a_task_of_its_own(spark: Any, buckets: list[int]) -> None:
+    """Hashing bucket ids as they are put 6 buckets into 3 tasks (and left 3 empty), so a bucket's
+    task waited for another's; the placement column gives each bucket its own partition."""
+    rows = spark.range(0, 40 * len(buckets)).selectExpr(
+        f"element_at(array({', '.join(map(str, buckets))}), CAST(id % {len(buckets)} AS INT) + 1) AS bucket")
+    placed = rows.selectExpr("*", f"{bucket_placement(buckets)} AS task").repartition(len(buckets), "task")
+    tasks = placed.selectExpr("bucket", "spark_partition_id() AS p").distinct().collect()
+    assert sorted(r["bucket"] for r in tasks) == sorted(buckets)  # each bucket in one partition only
+    assert len({r["p"] for r in tasks}) == len(buckets)  # and no two in the same one
