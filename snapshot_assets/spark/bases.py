@@ -47,7 +47,16 @@ from snapshot_assets.archive.errors import CorruptArtifact
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.keys import key_json, typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
-from snapshot_assets.spark.effects import NET_DDL, STATE_ARROW, STATE_DDL, VERSION_SQL, encode_row, read_window
+from snapshot_assets.spark.effects import (
+    NET_DDL,
+    STATE_ARROW,
+    STATE_DDL,
+    VERSION_SQL,
+    buffer_rows,
+    encode_row,
+    read_window,
+    text_images,
+)
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
 from snapshot_assets.spark.remote_io import input_file, is_s3
 from snapshot_assets.spark.state import StateBase, encode_net
@@ -333,6 +342,21 @@ class ArtifactBase:
         return f"{self.format_id} snapshot at {self.position} ({len(self.paths)} file(s))"
 
 
+CENSUS_SAMPLE_ROWS = 4096  # rows whose encoded lines estimate a copy's jsonl size (`Census.jsonl_bytes`)
+CENSUS_SEED = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """A table's rows as a full build needs them counted before it encodes them: how many, about how
+    many jsonl bytes (which sets the bucket count, a target only), and their keys (`key` column:
+    the bucket bounds are sampled from it)."""
+
+    rows: int
+    jsonl_bytes: int
+    keys: DataFrame
+
+
 @dataclass(frozen=True, slots=True)
 class BufferSnapshotBase:
     """A buffer SNAPSHOT segment (initial load or re-sync), complete as of its `to_position`."""
@@ -346,11 +370,27 @@ class BufferSnapshotBase:
         return self.segment.to_position
 
     def frame(self, spark: SparkSession, key_fields: Sequence[str]) -> DataFrame:
-        if self.segment.kind != "snapshot":
-            raise ValueError(f"{self.segment.name} is a {self.segment.kind} segment, not a snapshot segment")
-        rows = read_window(spark, [self.segment], self.s3, records=self.records)
+        rows = read_window(spark, [self._snapshot_segment()], self.s3, records=self.records)
         record = "pb" if self.records else "CAST(NULL AS BINARY) AS pb"
         return rows.filter("action = 'SNAPSHOT'").selectExpr("key", "new AS row", f"{VERSION_SQL} AS ver", record)
+
+    def census(self, spark: SparkSession, sample_rows: int = CENSUS_SAMPLE_ROWS) -> Census:
+        """What a full build must know before it buckets the rows (`Census`), from the buffer's own
+        columns: the count and the keys as stored, and the jsonl size from the lines of a sample of
+        about `sample_rows` rows. Only the sample is typed and encoded here; `frame`'s rows are
+        encoded once, by the build itself."""
+        stored = buffer_rows(spark, [self._snapshot_segment()], self.s3).filter("action = 'SNAPSHOT'")
+        rows = stored.count()
+        fraction = min(1.0, sample_rows / rows) if rows else 1.0
+        sampled = text_images(stored.sample(fraction=fraction, seed=CENSUS_SEED)).selectExpr(
+            "count(*) AS n", "coalesce(sum(octet_length(new) + 1), 0) AS b").collect()[0]
+        n, sampled_bytes = int(sampled["n"]), int(sampled["b"])
+        return Census(rows, round(sampled_bytes * rows / n) if n else 0, stored.select("key"))
+
+    def _snapshot_segment(self) -> SegmentRef:
+        if self.segment.kind != "snapshot":
+            raise ValueError(f"{self.segment.name} is a {self.segment.kind} segment, not a snapshot segment")
+        return self.segment
 
     def describe(self) -> str:
         return f"buffer re-sync {self.segment.name} at {self.segment.to_position}"

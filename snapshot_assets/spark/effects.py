@@ -181,9 +181,15 @@ def read_window(spark: SparkSession, segments: Sequence[SegmentRef], s3: S3Conne
     snapshot record of each copied text row, encoded beside its JSON."""
     if not segments:
         return spark.createDataFrame([], f"{BUFFER_DDL}, {_RECORD_DDL}" if records else BUFFER_DDL)
+    return text_images(buffer_rows(spark, segments, s3), records=records)
+
+
+def buffer_rows(spark: SparkSession, segments: Sequence[SegmentRef], s3: S3Connection | None = None) -> DataFrame:
+    """The rows of `segments` as the buffer stores them (`read_window` without the images: a
+    PostgreSQL row's images are still its column text). What a question about the rows' keys or
+    count reads, since it need not type and encode every image in Python."""
     paths = list(dict.fromkeys(s.path for s in segments))
-    rows = read_parquet_files(spark, paths, s3=s3, ddl=BUFFER_DDL).filter(seq_predicate(segments))
-    return text_images(rows, records=records)
+    return read_parquet_files(spark, paths, s3=s3, ddl=BUFFER_DDL).filter(seq_predicate(segments))
 
 
 _TEXT_COLUMNS = ("old_text", "new_text")
