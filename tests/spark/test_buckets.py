@@ -34,7 +34,7 @@ from snapshot_assets.archive.sortkey import sort_key
 from snapshot_assets.archive.versions import VERSIONS, snapshot_versions_key
 from snapshot_assets.spark.assemble import assemble
 from snapshot_assets.spark.bases import BufferSnapshotBase, LayeredBase
-from snapshot_assets.spark.parts import Reuse
+from snapshot_assets.spark.parts import BuiltArtifact, Reuse
 from snapshot_assets.spark.snapshot import build_snapshot
 from snapshot_assets.spark.state import StateBase, bucket_of, bucket_placement, spark_int_hash
 from tests.spark.conftest import python_bytes
@@ -203,21 +203,30 @@ def test_a_rebase_of_recent_rows_rewrites_only_their_buckets_and_copies_the_rest
     assert rebuilt == table
 
 
+def rebase_and_rebuild(spark: Any, tmp_path: Path, initial: int, wave: list[tuple[Action, int]],
+                       formats: tuple[str, ...]) -> tuple[BuiltArtifact, BuiltArtifact, BuiltArtifact]:
+    """A full build of the initial load (16 KiB buckets), the incremental re-base of `wave` on its
+    state, and for comparison a full build of the same table (other, larger buckets)."""
+    reader, positions = buffer_with(tmp_path / "buffer", initial, [wave])
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    copy = BufferSnapshotBase(reader.segment_ref(resync.segment))
+    first = build_snapshot(spark, copy, [], positions[0], KEYS, formats, tmp_path / "s1",
+                           tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
+    segments = reader.segments(positions[0], positions[1])
+    incremental = build_snapshot(spark, first.details["state"], segments, positions[1], KEYS, formats,
+                                 tmp_path / "s2", tmp_path / "state" / "epoch=2", bucket_bytes=16 * 1024)
+    full = build_snapshot(spark, copy, segments, positions[1], KEYS, formats, tmp_path / "s3",
+                          tmp_path / "other" / "epoch=2", bucket_bytes=64 * 1024)
+    assert incremental.details["mode"] == "incremental" and full.details["mode"] == "full"
+    return first, incremental, full
+
+
 def test_uniform_churn_rewrites_every_bucket_and_gives_the_same_bytes_as_a_full_build(spark: Any,
                                                                                       tmp_path: Path) -> None:
     initial = 2000
     wave = [(Action.UPDATE, i) for i in range(0, initial, 7)] + [(Action.DELETE, i) for i in range(3, initial, 101)]
-    reader, positions = buffer_with(tmp_path / "buffer", initial, [wave])
-    resync = reader.latest_resync()
-    assert resync is not None and resync.segment is not None
-    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
-                           BYTE_FORMATS, tmp_path / "s1", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
-    segments = reader.segments(positions[0], positions[1])
-    incremental = build_snapshot(spark, first.details["state"], segments, positions[1], KEYS, BYTE_FORMATS,
-                                 tmp_path / "s2", tmp_path / "state" / "epoch=2", bucket_bytes=16 * 1024)
-    full = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), segments, positions[1], KEYS,
-                          BYTE_FORMATS, tmp_path / "s3", tmp_path / "other" / "epoch=2", bucket_bytes=64 * 1024)
-    assert incremental.details["mode"] == "incremental" and full.details["mode"] == "full"
+    first, incremental, full = rebase_and_rebuild(spark, tmp_path, initial, wave, BYTE_FORMATS)
     assert incremental.details["rewritten"] == len(first.details["state"].buckets)
     for fid in BYTE_FORMATS:
         a = b"".join(p.read_bytes() for p in incremental.formats[fid].files())
@@ -234,17 +243,7 @@ def test_the_tasks_merge_changes_into_stored_rows_and_a_bucket_can_empty(spark: 
     initial, formats = 2000, ("jsonl", "protobuf", "parquet")
     wave = ([(Action.DELETE, i) for i in range(400)] + [(Action.UPDATE, i) for i in range(400, initial, 9)]
             + [(Action.INSERT, i) for i in range(initial, initial + 20)])
-    reader, positions = buffer_with(tmp_path / "buffer", initial, [wave])
-    resync = reader.latest_resync()
-    assert resync is not None and resync.segment is not None
-    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
-                           formats, tmp_path / "s1", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
-    segments = reader.segments(positions[0], positions[1])
-    incremental = build_snapshot(spark, first.details["state"], segments, positions[1], KEYS, formats,
-                                 tmp_path / "s2", tmp_path / "state" / "epoch=2", bucket_bytes=16 * 1024)
-    full = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), segments, positions[1], KEYS,
-                          formats, tmp_path / "s3", tmp_path / "other" / "epoch=2", bucket_bytes=64 * 1024)
-    assert incremental.details["mode"] == "incremental" and full.details["mode"] == "full"
+    _, incremental, full = rebase_and_rebuild(spark, tmp_path, initial, wave, formats)
     state: StateBase = incremental.details["state"]
     assert state.buckets[0].rows == 0 and state.buckets[0].path is None  # its keys were all deleted
     assert state.rows == full.details["state"].rows == initial - 400 + 20
