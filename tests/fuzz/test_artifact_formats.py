@@ -77,6 +77,18 @@ def test_parquet_reads_or_fails_cleanly(kind: str, data: st.DataObject) -> None:
     guarded(lambda: _reader("parquet", kind)(blob), (CorruptArtifact,))
 
 
+def test_parquet_with_a_column_name_that_is_not_utf8_is_corrupt() -> None:
+    """Found by the fuzz test above: Arrow raised UnicodeDecodeError while opening such a file."""
+    out = io.BytesIO()
+    writer = FORMATS["parquet"].snapshot_writer(out)
+    writer.write({"id": 1, "zqxjk": "v"})
+    writer.close()
+    blob = out.getvalue()
+    assert blob.count(b"zqxjk") >= 1
+    error = guarded(lambda: _reader("parquet", "snapshot")(blob.replace(b"zqxjk", b"\xff" * 5)), (CorruptArtifact,))
+    assert error is not None and "UTF-8" in str(error), error
+
+
 @pytest.mark.parametrize("kind", ["snapshot", "diff"])
 def test_protobuf_refuses_a_huge_length_prefix_before_allocating(kind: str) -> None:
     for length in (2**40, MAX_MESSAGE_BYTES + 1, 2**63):

@@ -480,6 +480,8 @@ def _batches(src: BinaryIO, artifact: bytes) -> Iterator[pa.RecordBatch]:
                 yield batch if annotated is None else pa.RecordBatch.from_arrays(batch.columns, schema=annotated)
         except (pa.ArrowException, OSError) as exc:
             raise CorruptArtifact(f"parquet artifact cannot be read: {exc}") from None
+        except UnicodeDecodeError as exc:  # Arrow decodes the footer's names as it opens the file
+            raise CorruptArtifact(f"parquet artifact names a column in bytes that are not UTF-8: {exc}") from None
 
 
 def annotated_schema(schema: pa.Schema, spark_schema: bytes | None) -> pa.Schema | None:
