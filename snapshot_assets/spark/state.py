@@ -404,10 +404,10 @@ def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: Sequence
                   block_bytes: int = BLOCK_BYTES, *, into: StateBase | None = None) -> list[Any]:
     """Write the buckets present in `encoded` (ROWS_DDL rows, and the typed `columns` when the archive
     has parquet; `touched`: the buckets its rows fall in, one task each): each bucket's rows sorted
-    by sk into one new rows file of the pool, and its bytes
-    in each byte format as a piece: a file staged in `staging` (local runtime), or sent into
-    `uploads` (`staging` None); its key index entries every `block_bytes`. Returns the tasks'
-    reports (REPORT_DDL); a value that does not fit the typed columns raises SchemaMisfit.
+    by sk into one new rows file of the pool, and its bytes in each byte format as a piece: a file
+    staged in `staging` (local runtime), or sent into `uploads` (`staging` None); its key index
+    entries every `block_bytes`. Returns the tasks' reports (REPORT_DDL); a value that does not fit
+    the typed columns raises SchemaMisfit.
 
     With `into` (a state with these bounds), `encoded` holds changes (a deleted key: null row) and
     each bucket they fall in is that state's bucket with them merged in: the task rewriting it reads
