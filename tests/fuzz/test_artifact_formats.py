@@ -90,6 +90,25 @@ def test_parquet_with_a_column_name_that_is_not_utf8_is_corrupt() -> None:
 
 
 @pytest.mark.parametrize("kind", ["snapshot", "diff"])
+def test_parquet_with_a_text_value_that_is_not_utf8_is_corrupt(kind: str) -> None:
+    """Found by the fuzz test above: a string value's bytes reached Python's decoder unchecked."""
+    out = io.BytesIO()
+    fmt = FORMATS["parquet"]
+    if kind == "snapshot":
+        snapshot = fmt.snapshot_writer(out)
+        snapshot.write({"id": 1, "n": "zqxjkwvbyp"})
+        snapshot.close()
+    else:
+        diff = fmt.diff_writer(out)
+        diff.write(Change(Action.UPDATE, "zqxjkwvbyp", {"id": 1}, {"id": 1, "n": "zqxjkwvbyp"}))
+        diff.close()
+    blob = out.getvalue()
+    assert blob.count(b"zqxjkwvbyp") >= 1
+    error = guarded(lambda: _reader("parquet", kind)(blob.replace(b"zqxjkwvbyp", b"\xff" * 10)), (CorruptArtifact,))
+    assert error is not None and "UTF8" in str(error).replace("-", ""), error
+
+
+@pytest.mark.parametrize("kind", ["snapshot", "diff"])
 def test_protobuf_refuses_a_huge_length_prefix_before_allocating(kind: str) -> None:
     for length in (2**40, MAX_MESSAGE_BYTES + 1, 2**63):
         error = guarded(lambda n=length: _reader("protobuf", kind)(varint(n) + b"\x0a\x00"), (CorruptArtifact,))

@@ -477,6 +477,7 @@ def _batches(src: BinaryIO, artifact: bytes) -> Iterator[pa.RecordBatch]:
             footer = file.metadata.metadata or {}
             annotated = annotated_schema(file.schema_arrow, footer.get(SPARK_SCHEMA_KEY))
             for batch in file.iter_batches(batch_size=BATCH_ROWS):
+                batch.validate(full=True)  # Arrow does not check text values as it reads (invalid UTF-8)
                 yield batch if annotated is None else pa.RecordBatch.from_arrays(batch.columns, schema=annotated)
         except (pa.ArrowException, OSError) as exc:
             raise CorruptArtifact(f"parquet artifact cannot be read: {exc}") from None
