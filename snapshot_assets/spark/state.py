@@ -384,19 +384,27 @@ def spark_int_hash(value: int, seed: int = 42) -> int:
     return h1 - (1 << 32) if h1 & 0x80000000 else h1
 
 
+#: Above this many buckets in one build, rows are placed by the bucket id itself: with that many
+#: tasks, two buckets sharing one evens out, and the placement expression would grow with the count.
+PLACED_BUCKETS = 1024
+
+
 def bucket_placement(buckets: Sequence[int]) -> str:
     """The SQL of an INT column that sends each of `buckets` to a shuffle partition of its own when
     the frame is repartitioned by it into `len(buckets)` partitions: one task per bucket."""
     ordered = sorted(set(buckets))
     if len(ordered) <= 1:
         return "0"
-    width, arms, salt = len(ordered), [], 0
-    for partition, bucket in enumerate(ordered):
-        while spark_int_hash(salt) % width != partition:
-            salt += 1
-        arms.append(f"WHEN {bucket} THEN {salt}")
+    width = len(ordered)
+    if width > PLACED_BUCKETS:
+        return "bucket"
+    salts: dict[int, int] = {}  # partition -> the first value hashing to it (about width * ln(width) tries)
+    salt = 0
+    while len(salts) < width:
+        salts.setdefault(spark_int_hash(salt) % width, salt)
         salt += 1
-    return f"CASE bucket {' '.join(arms)} ELSE 0 END"
+    arms = " ".join(f"WHEN {bucket} THEN {salts[partition]}" for partition, bucket in enumerate(ordered))
+    return f"CASE bucket {arms} ELSE 0 END"
 
 
 def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: Sequence[int], pool: Path | Location,

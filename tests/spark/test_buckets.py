@@ -4,6 +4,7 @@ buckets their changes fall in and copy the rest from the previous snapshot objec
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from snapshot_assets.spark.assemble import assemble
 from snapshot_assets.spark.bases import BufferSnapshotBase, LayeredBase
 from snapshot_assets.spark.parts import BuiltArtifact, Reuse
 from snapshot_assets.spark.snapshot import build_snapshot
-from snapshot_assets.spark.state import StateBase, bucket_of, bucket_placement, spark_int_hash
+from snapshot_assets.spark.state import PLACED_BUCKETS, StateBase, bucket_of, bucket_placement, spark_int_hash
 from tests.spark.conftest import python_bytes
 
 TABLE = "public.events"
@@ -363,3 +364,13 @@ def test_every_bucket_gets_a_task_of_its_own(spark: Any, buckets: list[int]) -> 
     tasks = placed.selectExpr("bucket", "spark_partition_id() AS p").distinct().collect()
     assert sorted(r["bucket"] for r in tasks) == sorted(buckets)  # each bucket in one partition only
     assert len({r["p"] for r in tasks}) == len(buckets)  # and no two in the same one
+
+
+def test_the_placement_stays_small_for_many_buckets() -> None:
+    """A placement value per bucket up to PLACED_BUCKETS, found in few tries; beyond, the bucket id."""
+    many = list(range(PLACED_BUCKETS))
+    placed = bucket_placement(many)
+    salts = [int(value) for value in re.findall(r"THEN (\d+)", placed)]
+    assert sorted(spark_int_hash(v) % PLACED_BUCKETS for v in salts) == many  # one partition each
+    assert max(salts) < 20 * PLACED_BUCKETS
+    assert bucket_placement(list(range(PLACED_BUCKETS + 1))) == "bucket"
