@@ -7,8 +7,10 @@
   is what both formats define as empty. A snapshot built from the bucketed state also names byte
   ranges of the previous snapshot object (`Reuse`: its untouched buckets): it is assembled as a
   multipart upload (`_put_pieces`) whose reused ranges are copied on the destination itself.
-* parquet: Spark's writer stages ONE file (`parquet_artifact`), uploaded as the object. (Archives
-  written before kept parquet as a folder of part files; the readers read both.)
+* parquet: a snapshot's object is its pieces too (parquet_pieces.py: the magic, each bucket's
+  row groups, the merged footer), assembled like the byte formats; a diff is ONE staged file
+  (`parquet_artifact.write_diff`), uploaded as the object. (Archives written before kept parquet
+  as a folder of part files; the readers read both.)
 * pieces the tasks already sent (`Sent`, a build given its targets: a cluster): each format's
   upload on each destination is completed here from the ordered pieces and reused ranges
   (`task_objects.complete_pieces`); the bytes never pass through this host, only the small heads

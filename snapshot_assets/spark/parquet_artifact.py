@@ -1,4 +1,4 @@
-"""Parquet artifacts written by Spark's own writer, from a row's typed columns, as ONE file each.
+"""Parquet artifacts from a row's typed columns, as ONE file each.
 
 Rows travel through the jobs as Go-JSON text. `typed_columns` turns that text into a struct of
 typed columns (`row_schema.RowSchema`) with Spark SQL only: each row is parsed twice by the JVM's
@@ -14,20 +14,21 @@ written as null: the struct's evaluation raises, through `raise_error`, a messag
 type. A row lacking a column (as opposed to holding null) is named in the struct's
 `__snapshotter_absent__` list, exactly as the Python writer records it.
 
-`write_snapshot` / `write_diff` write one parquet file with Spark's writer (`coalesce(1)` into a
-temporary folder beside the target on the staging filesystem, then the single part file is
-renamed to the target), so the artifact is one object, as laredo's layout expects of every format.
-Spark keeps StructField metadata in the file footer (`org.apache.spark.sql.parquet.row.metadata`),
-which is where the `snapshotter.encoding` facts live; the project's reader reads them from there.
-The bytes are a function of the rows and their order: Spark writes no time or host into a parquet
-file. On a cluster (the build given `Uploads`: no disk shared by the driver and the executors,
-and no hadoop-aws for Spark's writer to reach S3) the one task holding every row writes the file
-with Arrow's writer, Spark's schema JSON under Spark's footer key, and sends it straight into the
-destinations: same rows, columns and encodings, other bytes (another writer's pages and footer).
-A diff is sorted (TRUNCATE first, then by key), so its bytes do not depend on the shuffle;
-a snapshot keeps the order of the frame it is given (the state's files as the reader hands them:
-Spark's own reader packs files by size, the tasks reading S3 take them in bucket order), or is
-sorted by key when asked (`order_by`), which also lets an expensive upstream run in parallel.
+A snapshot's parquet object is made of one piece per bucket of the state (parquet_pieces.py): each
+bucket task writes its rows' typed columns with Arrow's writer under `snapshot_arrow_schema` (the
+image's columns, Spark's schema JSON under Spark's footer key), and the object is the buckets'
+bodies with their footers merged. `write_diff` writes a diff as one parquet file with Spark's
+writer (`coalesce(1)` into a temporary folder beside the target on the staging filesystem, then
+the single part file is renamed to the target), so every artifact is one object, as laredo's
+layout expects of every format. Spark keeps StructField metadata in the file footer
+(`org.apache.spark.sql.parquet.row.metadata`), which is where the `snapshotter.encoding` facts
+live; the project's reader reads them from there. The bytes are a function of the rows and their
+order: neither writer puts a time or host into a parquet file. On a cluster (the build given
+`Uploads`: no disk shared by the driver and the executors, and no hadoop-aws for Spark's writer to
+reach S3) the one task holding every change writes the diff with Arrow's writer, Spark's schema
+JSON under Spark's footer key, and sends it straight into the destinations: same rows, columns and
+encodings, other bytes (another writer's pages and footer). A diff is sorted (TRUNCATE first, then
+by key), so its bytes do not depend on the shuffle.
 
 Schemaless sources: `infer_row_schema` classifies every member of every row (one aggregation in
 the JVM) and merges the kinds per column with the Python writer's rule.
@@ -48,7 +49,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -334,10 +335,10 @@ class WrittenParquet:
     rows: int
 
 
-def _check_names(frame: DataFrame, names: Sequence[str]) -> None:
-    """Spark refuses to write two columns whose names differ only in case unless the session is
-    case sensitive; say so instead of failing with Spark's message."""
-    if frame.sparkSession.conf.get("spark.sql.caseSensitive", "false") == "true":
+def check_names(spark: SparkSession, names: Sequence[str]) -> None:
+    """Spark refuses to write (and to read) two columns whose names differ only in case unless the
+    session is case sensitive; say so instead of failing with Spark's message."""
+    if spark.conf.get("spark.sql.caseSensitive", "false") == "true":
         return
     folded: dict[str, str] = {}
     for name in names:
@@ -385,21 +386,28 @@ _SENT_DDL = "where STRING, bytes BIGINT, rows BIGINT"
 _SENT_ARROW = pa.schema([("where", pa.string()), ("bytes", pa.int64()), ("rows", pa.int64())])
 
 
+def write_row_groups(writer: pq.ParquetWriter, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> int:
+    """Write `batches` (cast to `schema`) in row groups of about ROW_GROUP_BYTES, as Spark's writer
+    sizes them; the rows written."""
+    rows = 0
+    group: list[pa.RecordBatch] = []
+    for batch in itertools.chain(batches, [None]):
+        if batch is not None:
+            group.append(batch)
+            rows += batch.num_rows
+        if group and (batch is None or sum(b.nbytes for b in group) >= ROW_GROUP_BYTES):
+            table = pa.Table.from_batches(group).cast(schema)
+            writer.write_table(table, row_group_size=max(1, table.num_rows))
+            group = []
+    return rows
+
+
 def _parquet_piece(batches: Iterable[pa.RecordBatch], schema: pa.Schema, uploads: Uploads) -> tuple[str, int, int]:
     """Write `batches` as one parquet file (Arrow's writer, Spark's schema in the footer) and send it."""
     piece = PieceWriter(PARQUET_FORMAT, 0, uploads=uploads)
-    rows = 0
     try:
         with pq.ParquetWriter(piece.stream, schema, compression="snappy") as writer:
-            group: list[pa.RecordBatch] = []  # about ROW_GROUP_BYTES per row group, as Spark's writer
-            for batch in itertools.chain(batches, [None]):
-                if batch is not None:
-                    group.append(batch)
-                    rows += batch.num_rows
-                if group and (batch is None or sum(b.nbytes for b in group) >= ROW_GROUP_BYTES):
-                    table = pa.Table.from_batches(group).cast(schema)
-                    writer.write_table(table, row_group_size=max(1, table.num_rows))
-                    group = []
+            rows = write_row_groups(writer, batches, schema)
     except BaseException:
         piece.abort()
         raise
@@ -429,22 +437,14 @@ def _send_parquet(single: DataFrame, uploads: Uploads) -> WrittenParquet:
     return WrittenParquet(Sent.parse(0, size, where), size, rows)
 
 
-def write_snapshot(frame: DataFrame, out_path: Path | str | None, *, columns: str = "columns",
-                   order_by: str | None = None, uploads: Uploads | None = None) -> WrittenParquet:
-    """A snapshot artifact from the typed struct column `columns` (see `typed_columns`).
+def snapshot_arrow_schema(schema: RowSchema) -> pa.Schema:
+    """The Arrow schema of a snapshot's parquet file: the typed image's columns (`image_type`), with
+    Spark's schema JSON under Spark's footer key, so Spark and the project's reader see each column's
+    encoding as in a file Spark wrote. Every bucket's piece is written with it (parquet_pieces.py)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
 
-    For a frame read from a state dataset that already holds the typed columns, leave `order_by`
-    unset (the stored order is kept, one task writes). For a frame that still has to be typed
-    (or joined), name its key column as `order_by`: the typing then runs in parallel and the
-    rows are written sorted by it."""
-    image = frame.schema[columns].dataType
-    assert isinstance(image, StructType)
-    _check_names(frame, image.fieldNames())
-    fields = [F.col(f"`{columns}`").getField(name).alias(name) for name in image.fieldNames()]
-    if order_by is None:
-        return write_parquet_file(frame.select(*fields), out_path, uploads=uploads)
-    return write_parquet_file(frame.select(*fields, _ref(order_by).alias("__order")), out_path, order=("__order",),
-                              uploads=uploads)
+    image = image_type(schema)
+    return to_arrow_schema(image).with_metadata({SPARK_SCHEMA_KEY: image.json().encode()})
 
 
 # --- diffs ---------------------------------------------------------------------------------------------------
@@ -517,6 +517,6 @@ def diff_frame(net: DataFrame, schema: RowSchema, key_fields: Sequence[str], *, 
 def write_diff(net: DataFrame, schema: RowSchema, out_path: Path | str | None, key_fields: Sequence[str], *,
                truncated: bool, uploads: Uploads | None = None) -> WrittenParquet:
     """A diff artifact from net changes (NET_DDL: key, action, change_key, old, new as Go-JSON texts)."""
-    _check_names(net, schema.names)
+    check_names(net.sparkSession, schema.names)
     frame = diff_frame(net, schema, key_fields, truncated=truncated)
     return write_parquet_file(frame, out_path, order=("__order", "__key"), uploads=uploads)

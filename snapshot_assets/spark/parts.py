@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import shutil
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -203,6 +203,30 @@ class StagedFormat:
     def files(self) -> tuple[Path, ...]:
         """The staged files (a folder format's parts); an artifact of reused ranges has others too."""
         return tuple(p for p in self.parts if isinstance(p, Path))
+
+
+def bucket_pieces(where: str, sizes: Sequence[int], fresh: Mapping[int, Path | Sent], starts: Sequence[int],
+                  previous_key: str | None, piece_of: Callable[[int], int] = int) -> list[Path | Reuse | Sent]:
+    """An object's pieces bucket by bucket (`sizes`: each bucket's bytes in it): the bucket's `fresh`
+    piece when this build wrote one, else the range of the previous object (`previous_key`, where the
+    bucket's bytes start at `starts[i]`) that holds them; neighbouring ranges become one copy.
+    `piece_of` numbers a bucket's piece among the object's (`where` names the object in an error)."""
+    pieces: list[Path | Reuse | Sent] = []
+    for i, size in enumerate(sizes):
+        if size == 0:
+            continue
+        blob = fresh.get(i)
+        if blob is not None:
+            pieces.append(blob)
+            continue
+        if previous_key is None or i >= len(starts):
+            raise RuntimeError(f"bucket {i} of {where} has neither a fresh piece nor a previous object")
+        last = pieces[-1] if pieces else None
+        if isinstance(last, Reuse) and last.start + last.length == starts[i]:
+            pieces[-1] = Reuse(previous_key, last.start, last.length + size, last.piece)
+        else:
+            pieces.append(Reuse(previous_key, starts[i], size, piece_of(i)))
+    return pieces
 
 
 @dataclass(frozen=True, slots=True)

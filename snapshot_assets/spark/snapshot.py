@@ -43,15 +43,24 @@ from resources.buffer.reader import SegmentRef
 from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive import versions
 from snapshot_assets.archive.formats import get_format
+from snapshot_assets.archive.formats.parquet_merge import MAGIC
 from snapshot_assets.archive.key_index import block_bytes_for
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.bases import Base, BufferSnapshotBase, Census, LayeredBase, latest_images
 from snapshot_assets.spark.effects import default_partitions, materialize
 from snapshot_assets.spark.locations import Location
-from snapshot_assets.spark.parquet_artifact import SchemaMisfit, infer_row_schema, typed_columns, write_snapshot
-from snapshot_assets.spark.parts import BuiltArtifact, Reuse, StagedFormat, prepare_staging
-from snapshot_assets.spark.pieces import PieceWriter, Sent, Targets, Uploads
+from snapshot_assets.spark.parquet_artifact import (
+    PARQUET_FORMAT,
+    SchemaMisfit,
+    check_names,
+    infer_row_schema,
+    snapshot_arrow_schema,
+    typed_columns,
+)
+from snapshot_assets.spark.parquet_pieces import BucketParquet, parquet_object, piece_of, piece_writer
+from snapshot_assets.spark.parts import BuiltArtifact, StagedFormat, bucket_pieces, prepare_staging
+from snapshot_assets.spark.pieces import Sent, Targets, Uploads
 from snapshot_assets.spark.remote_io import input_file
 from snapshot_assets.spark.state import (
     BYTE_FORMATS,
@@ -94,10 +103,11 @@ class _Pieces:
         self.uploads: Uploads | None = None
 
     def begin(self, pieces: int) -> Uploads | None:
-        """Fresh uploads for an attempt that writes up to `pieces` buckets (an abandoned attempt's are aborted)."""
+        """Fresh uploads for an attempt that writes up to `pieces` buckets (an abandoned attempt's are
+        aborted); two more pieces for parquet's magic and footer (parquet_pieces.py)."""
         self.abort()
         if self._targets is not None and self._keys:
-            self.uploads = Uploads.begin(self._targets.destinations, self._keys, pieces)
+            self.uploads = Uploads.begin(self._targets.destinations, self._keys, pieces + 2)
         return self.uploads
 
     def current(self, pieces: int) -> Uploads | None:
@@ -111,7 +121,8 @@ class _Pieces:
 
     def blobs(self, reports: Iterable[Any]) -> dict[tuple[str, int], Path | Sent]:
         """Each reported piece (format, bucket) as the driver assembles it."""
-        return {(r["format"], int(r["bucket"])): Sent.parse(int(r["bucket"]), int(r["bytes"]), r["blob"])
+        return {(r["format"], int(r["bucket"])): Sent.parse(piece_of(r["format"], int(r["bucket"])), int(r["bytes"]),
+                                                            r["blob"])
                 if self._targets is not None else Path(r["blob"]) for r in reports if r["format"]}
 
 
@@ -147,7 +158,7 @@ def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], format
         encoded = typed_columns(encoded, schema)
     uploads = pieces.begin(len(bounds) + 1)
     reports = write_buckets(encoded, bounds, range(len(bounds) + 1), pool, pieces.staged, formats, uploads,
-                            block_bytes_for(bucket_bytes))
+                            block_bytes_for(bucket_bytes), parquet=_parquet_schema(formats, schema))
     buckets = buckets_from_reports(reports, bounds)
     state = StateBase(state_dir.uri, position, sum(b.rows for b in buckets), fields, buckets, tuple(formats),
                       schema if "parquet" in formats else None, state_dir.s3)
@@ -174,10 +185,17 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
         changed = typed_columns(changed, state.schema)
     uploads = pieces.begin(len(state.buckets))
     reports = write_buckets(changed, bounds, touched, pool, pieces.staged, formats, uploads,
-                            block_bytes_for(bucket_bytes), into=state)
+                            block_bytes_for(bucket_bytes), into=state, parquet=_parquet_schema(formats, state.schema))
     buckets = buckets_from_reports(reports, bounds, emptied(state.buckets, touched, formats))
     built = replace(moved, rows=sum(b.rows for b in buckets), buckets=buckets)
     return StateBuild(built, frozenset(touched), pieces.blobs(reports), "incremental")
+
+
+def _parquet_schema(formats: Sequence[str], schema: RowSchema | None) -> pa.Schema | None:
+    """The schema of the buckets' parquet pieces, when the archive has parquet."""
+    if "parquet" not in formats:
+        return None
+    return snapshot_arrow_schema(schema or RowSchema.of(()))
 
 
 def _out_of_balance(state: StateBase, bucket_bytes: int) -> bool:
@@ -187,71 +205,72 @@ def _out_of_balance(state: StateBase, bucket_bytes: int) -> bool:
 # --- the artifact's pieces ---------------------------------------------------------------------------
 
 
+_REGENERATED_DDL = "format STRING, bucket INT, blob STRING, bytes BIGINT, footer BINARY"
+_REGENERATED_ARROW = pa.schema([("format", pa.string()), ("bucket", pa.int32()), ("blob", pa.string()),
+                                ("bytes", pa.int64()), ("footer", pa.binary())])
+
+
 def _regenerate_task(batches: Iterable[Any], staging: str | None, formats: tuple[str, ...], uploads: Uploads | None,
-                     s3: S3Connection | None) -> Iterator[Any]:
-    """Re-concatenate the stored bytes of whole buckets (rows files), no decoding."""
-    done: list[tuple[str, int, str, int]] = []
+                     s3: S3Connection | None, parquet: pa.Schema | None) -> Iterator[Any]:
+    """Re-concatenate the stored bytes of whole buckets (rows files), no decoding; with a `parquet`
+    schema, write each bucket's parquet piece again from its stored typed columns."""
+    done: list[tuple[str, int, str, int, bytes | None]] = []
+    stage = None if staging is None else Path(staging)
     for batch in batches:
         for bucket, path in zip(batch.column("bucket").to_pylist(), batch.column("path").to_pylist(), strict=True):
-            outs = {f: PieceWriter(f, bucket, uploads=uploads,
-                                   staged=None if staging is None else Path(staging) / f / f"bucket-{bucket:05d}")
-                    for f in formats}
+            outs = {f: piece_writer(f, bucket, stage, uploads) for f in formats}
+            typed = None if parquet is None else BucketParquet(bucket, parquet, stage, uploads)
             try:
                 with input_file(path, s3) as source:
-                    for rows in pq.ParquetFile(source).iter_batches(batch_size=65536, columns=["row", "pb", "ver"]):
+                    wanted = ["row", "pb", "ver", *(["columns"] if typed is not None else [])]
+                    for rows in pq.ParquetFile(source).iter_batches(batch_size=65536, columns=wanted):
                         for fid, out in outs.items():
                             out.stream.write(piece_bytes(rows, fid))
+                        if typed is not None:
+                            typed.add(rows.column("columns"))
             except BaseException:
                 for out in outs.values():
                     out.abort()
                 raise
             for fid, out in outs.items():
                 where, size = out.close()
-                done.append((fid, bucket, where, size))
-    columns = list(zip(*done, strict=True)) if done else [(), (), (), ()]
-    yield pa.RecordBatch.from_arrays([pa.array(columns[0], pa.string()), pa.array(columns[1], pa.int32()),
-                                      pa.array(columns[2], pa.string()), pa.array(columns[3], pa.int64())],
-                                     names=["format", "bucket", "blob", "bytes"])
+                done.append((fid, bucket, where, size, None))
+            if typed is not None:
+                done.append((PARQUET_FORMAT, bucket, *typed.close()))
+    columns: list[Any] = list(zip(*done, strict=True)) if done else [()] * len(_REGENERATED_ARROW)
+    yield pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, _REGENERATED_ARROW, strict=True)],
+                                     schema=_REGENERATED_ARROW)
 
 
 def regenerate(spark: SparkSession, state: StateBase, indexes: Sequence[int], staging: Path | None,
-               formats: Sequence[str], uploads: Uploads | None = None) -> list[Any]:
+               formats: Sequence[str], uploads: Uploads | None = None) -> tuple[StateBase, list[Any]]:
     """Pieces of untouched buckets from their stored bytes (when no previous object can be copied):
-    staged in `staging`, or sent into `uploads`. The tasks' reports (format, bucket, blob, bytes)."""
+    staged in `staging`, or sent into `uploads`. The state with the regenerated buckets' parquet
+    pieces (their sizes and footers), and the tasks' reports (format, bucket, blob, bytes, footer)."""
     todo = [(i, state.buckets[i].path) for i in indexes if state.buckets[i].path]
     if not todo:
-        return []
-    fids = piece_formats(formats)
+        return state, []
     frame = spark.createDataFrame(todo, "bucket INT, path STRING").repartition(len(todo))
-    func = functools.partial(_regenerate_task, staging=None if staging is None else str(staging), formats=fids,
-                             uploads=uploads, s3=state.s3)
-    return list(frame.mapInArrow(func, "format STRING, bucket INT, blob STRING, bytes BIGINT").collect())
+    func = functools.partial(_regenerate_task, staging=None if staging is None else str(staging),
+                             formats=piece_formats(formats), uploads=uploads, s3=state.s3,
+                             parquet=_parquet_schema(formats, state.schema))
+    reports = list(frame.mapInArrow(func, _REGENERATED_DDL).collect())
+    buckets = list(state.buckets)
+    for r in reports:
+        if r["format"] == PARQUET_FORMAT:
+            i = int(r["bucket"])
+            buckets[i] = replace(buckets[i], sizes={**buckets[i].sizes, PARQUET_FORMAT: int(r["bytes"])},
+                                 footer=bytes(r["footer"]))
+    return replace(state, buckets=tuple(buckets)), reports
 
 
 def byte_pieces(build: StateBuild, format_id: str, previous: StateBase | None,
                 previous_key: str | None) -> StagedFormat:
     """The object of one byte format, bucket by bucket: fresh pieces, and ranges of the previous object."""
-    pieces: list[Path | Reuse | Sent] = []
+    sizes = [bucket.sizes.get(format_id, 0) for bucket in build.state.buckets]
+    fresh = {i: blob for (fid, i), blob in build.blobs.items() if fid == format_id}
     starts = previous.offsets(format_id) if previous is not None else []
-    total = 0
-    for i, bucket in enumerate(build.state.buckets):
-        size = bucket.sizes.get(format_id, 0)
-        total += size
-        if size == 0:
-            continue
-        blob = build.blobs.get((format_id, i))
-        if blob is not None:
-            pieces.append(blob)
-            continue
-        if previous is None or previous_key is None:
-            raise RuntimeError(f"bucket {i} of {format_id} has neither a fresh piece nor a previous object")
-        start = starts[i]
-        last = pieces[-1] if pieces else None
-        if isinstance(last, Reuse) and last.start + last.length == start:
-            pieces[-1] = Reuse(previous_key, last.start, last.length + size, last.piece)
-        else:
-            pieces.append(Reuse(previous_key, start, size, i))
-    return StagedFormat(format_id, tuple(pieces), total)
+    return StagedFormat(format_id, tuple(bucket_pieces(format_id, sizes, fresh, starts, previous_key)), sum(sizes))
 
 
 # --- the job -----------------------------------------------------------------------------------------
@@ -288,12 +307,9 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
                    for f in fmts} if targets is not None else {}
     if targets is not None:
         object_keys[VERSIONS] = targets.key("snapshot", None, to_position, versions.EXTENSION)
-    pieces = _Pieces(staging, targets, {f: k for f, k in object_keys.items() if f in piece_formats(fmts)})
-    parquet: Uploads | None = None
+    pieces = _Pieces(staging, targets, {f: k for f, k in object_keys.items()
+                                        if f in piece_formats(fmts) or f == PARQUET_FORMAT})
     try:
-        if "parquet" in fmts and staging.remote:
-            assert targets is not None
-            parquet = Uploads.begin(targets.destinations, {"parquet": object_keys["parquet"]}, 1)
         state_path = Location.of(state_dir)
         build, previous, truncated = _state_build(
             spark, base, segments, to_position, fields, fmts, staging, state_path, pieces,
@@ -302,29 +318,29 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
         state = build.state
         keys = previous_keys or {}
         untouched = [i for i in range(len(state.buckets)) if i not in build.written]
-        if previous is not None and any(f not in keys for f in piece_formats(fmts)):
-            again = regenerate(spark, state, untouched, pieces.staged, fmts, pieces.current(len(state.buckets)))
+        wanted = (*piece_formats(fmts), *([PARQUET_FORMAT] if PARQUET_FORMAT in fmts else []))
+        if previous is not None and any(f not in keys for f in wanted):
+            state, again = regenerate(spark, state, untouched, pieces.staged, fmts, pieces.current(len(state.buckets)))
             build = StateBuild(state, build.written, {**build.blobs, **pieces.blobs(again)}, build.mode)
         staged: dict[str, StagedFormat] = {}
         for fid in fmts:
             if fid in BYTE_FORMATS:
                 staged[fid] = byte_pieces(build, fid, previous, keys.get(fid))
         sidecars = {VERSIONS: byte_pieces(build, VERSIONS, previous, keys.get(VERSIONS))}
-        if "parquet" in fmts:  # Spark's writer, one file, from the state's typed columns (nothing re-typed)
-            target = None if parquet is not None else staging.path / "parquet" / "snapshot.parquet"
-            written = write_snapshot(state.typed_frame(spark), target, uploads=parquet) if state.rows else \
-                write_snapshot(typed_columns(spark.createDataFrame([], "key STRING, row STRING"),
-                                             state.schema or RowSchema.of(())), target, uploads=parquet)
-            if written.rows != state.rows:
-                raise RuntimeError(f"the parquet snapshot holds {written.rows} rows but the state {state.rows}")
-            staged["parquet"] = StagedFormat("parquet", (written.path,), written.bytes)
+        if PARQUET_FORMAT in fmts:  # the buckets' pieces, the driver's magic and merged footer
+            table_schema = state.schema or RowSchema.of(())
+            check_names(spark, table_schema.names)
+            staged[PARQUET_FORMAT] = parquet_object(
+                [b.sizes.get(PARQUET_FORMAT, 0) for b in state.buckets], [b.footer for b in state.buckets],
+                {i: blob for (fid, i), blob in build.blobs.items() if fid == PARQUET_FORMAT},
+                [start + len(MAGIC) for start in previous.offsets(PARQUET_FORMAT)] if previous is not None else [],
+                keys.get(PARQUET_FORMAT), snapshot_arrow_schema(table_schema), staging=pieces.staged,
+                uploads=pieces.current(len(state.buckets)) if targets is not None else None)
         state.save()
     except BaseException:
         pieces.abort()
-        if parquet is not None:
-            parquet.abort()
         raise
-    uploads = pieces.uploads.merged(parquet) if pieces.uploads is not None else parquet
+    uploads = pieces.uploads
     built = BuiltArtifact("snapshot", None, to_position, state.rows, staged, truncated, time.monotonic() - started,
                           {"state": state, "base": base.describe(), "segments": len(segments), "mode": build.mode,
                            "buckets": len(state.buckets), "rewritten": len(build.written)}, uploads, sidecars)

@@ -30,6 +30,7 @@ grows past `MAX_GROWTH` times the target makes the next build a full one, which 
 
 from __future__ import annotations
 
+import base64
 import bisect
 import functools
 import itertools
@@ -65,12 +66,13 @@ from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
 from snapshot_assets.spark.effects import NET_DDL, STATE_ARROW, decode_row
 from snapshot_assets.spark.locations import Location
-from snapshot_assets.spark.parquet_artifact import image_type, refusing_misfits
-from snapshot_assets.spark.pieces import PieceWriter, Uploads
+from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, refusing_misfits
+from snapshot_assets.spark.parquet_pieces import BucketParquet, piece_writer
+from snapshot_assets.spark.pieces import Uploads
 from snapshot_assets.spark.remote_io import input_file, read_parquet_files
 
 STATE_MARKER = "_snapshotter_state.json"
-STATE_VERSION = 3  # 3: rows keep their version (a state of 2 has none: one full build writes them)
+STATE_VERSION = 4  # 4: buckets keep their parquet piece's footer (a state of 3 has none: one full build writes them)
 ROWS_DDL = "key STRING, sk BINARY, row STRING, pb BINARY, ver STRING"
 #: Formats whose artifact is the concatenation of per-row records (no header, no footer).
 BYTE_FORMATS = ("jsonl", "protobuf")
@@ -87,11 +89,13 @@ SAMPLES_PER_BUCKET = 32
 #: A task's report per bucket: its rows file (`format` "", with the bucket's key index entries as
 #: JSON in `blob`) and, per byte format, where its piece went (`blob`: a staged file's path, or what
 #: the uploads received, see pieces.py) and its size.
-REPORT_DDL = "bucket INT, lower BINARY, rows BIGINT, path STRING, format STRING, blob STRING, bytes BIGINT"
+#: The parquet piece's report also carries the footer of the bucket's standalone parquet file.
+REPORT_DDL = ("bucket INT, lower BINARY, rows BIGINT, path STRING, format STRING, blob STRING, bytes BIGINT, "
+              "footer BINARY")
 _REPORT_ARROW = pa.schema([("bucket", pa.int32()), ("lower", pa.binary()), ("rows", pa.int64()),
                            ("path", pa.string()), ("format", pa.string()), ("blob", pa.string()),
-                           ("bytes", pa.int64())])
-_Report = tuple[int, bytes, int, str, str, str, int]
+                           ("bytes", pa.int64()), ("footer", pa.binary())])
+_Report = tuple[int, bytes, int, str, str, str, int, bytes | None]
 
 
 # --- encoding rows as they enter -----------------------------------------------------------------
@@ -263,10 +267,12 @@ class _IndexMarks:
 
 class _BucketOut:
     """One bucket being written by a task: its rows file in the pool (local or S3, through Arrow's
-    filesystem) and one piece per byte format (a staged file, or sent into the uploads)."""
+    filesystem), one piece per byte format (a staged file, or sent into the uploads) and, with a
+    `parquet` schema, its parquet piece (parquet_pieces.py)."""
 
     def __init__(self, bucket: int, lower: bytes, pool: Location, staging: Path | None, token: str,
-                 formats: tuple[str, ...], uploads: Uploads | None, block_bytes: int) -> None:
+                 formats: tuple[str, ...], uploads: Uploads | None, block_bytes: int,
+                 parquet: pa.Schema | None) -> None:
         self.bucket, self.lower, self.rows = bucket, lower, 0
         name = f"{token}-{bucket:05d}.parquet"
         self.uri = (pool / name).uri
@@ -278,9 +284,8 @@ class _BucketOut:
         self._writer: Any = None
         self._compression = "zstd"
         self._marks = _IndexMarks(tuple(sorted(formats)), block_bytes)  # "jsonl" leads when the archive has it
-        self._pieces = {fid: PieceWriter(fid, bucket, uploads=uploads,
-                                         staged=None if staging is None else staging / fid / f"bucket-{bucket:05d}")
-                        for fid in formats}
+        self._pieces = {fid: piece_writer(fid, bucket, staging, uploads) for fid in formats}
+        self._parquet = None if parquet is None else BucketParquet(bucket, parquet, staging, uploads)
 
     def write(self, rows: Any) -> None:
         if self._writer is None:  # the rows' schema: ROWS_DDL, plus the typed `columns` struct for parquet
@@ -291,16 +296,21 @@ class _BucketOut:
         self._marks.add(rows)
         for fid, piece in self._pieces.items():
             piece.stream.write(piece_bytes(rows, fid))
+        if self._parquet is not None:
+            self._parquet.add(rows.column("columns"))
 
     def close(self) -> list[_Report]:
         self._writer.close()
         self._stream.close()
         if self._tmp != self._path:
             self._fs.move(self._tmp, self._path)
-        reports: list[_Report] = [(self.bucket, self.lower, self.rows, self.uri, "", self._marks.to_json(), 0)]
+        reports: list[_Report] = [(self.bucket, self.lower, self.rows, self.uri, "", self._marks.to_json(), 0, None)]
         for fid, piece in self._pieces.items():
             where, size = piece.close()
-            reports.append((self.bucket, self.lower, self.rows, self.uri, fid, where, size))
+            reports.append((self.bucket, self.lower, self.rows, self.uri, fid, where, size, None))
+        if self._parquet is not None:
+            where, size, footer = self._parquet.close()
+            reports.append((self.bucket, self.lower, self.rows, self.uri, PARQUET_FORMAT, where, size, footer))
         return reports
 
 
@@ -338,7 +348,7 @@ def _merged_buckets(slices: Iterable[tuple[int, Any]], stored: Mapping[int, str]
 
 def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, token: str,
                  formats: tuple[str, ...], uploads: Uploads | None, block_bytes: int,
-                 stored: Mapping[int, str] | None, s3: S3Connection | None) -> Iterator[Any]:
+                 stored: Mapping[int, str] | None, s3: S3Connection | None, parquet: pa.Schema | None) -> Iterator[Any]:
     """Rows sorted by (bucket, sk) -> one rows file and one piece per format for each bucket seen
     (with `stored`: each bucket's changes, merged into its stored rows file first)."""
     reports: list[_Report] = []
@@ -349,7 +359,8 @@ def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, to
             if current is not None:
                 reports.extend(current.close())
             current = _BucketOut(bucket, rows.column("sk")[0].as_py(), pool,
-                                 None if staging is None else Path(staging), token, formats, uploads, block_bytes)
+                                 None if staging is None else Path(staging), token, formats, uploads, block_bytes,
+                                 parquet)
         current.write(rows)
     if current is not None:
         reports.extend(current.close())
@@ -409,13 +420,15 @@ def bucket_placement(buckets: Sequence[int]) -> str:
 
 def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: Sequence[int], pool: Path | Location,
                   staging: Path | None, formats: Sequence[str], uploads: Uploads | None = None,
-                  block_bytes: int = BLOCK_BYTES, *, into: StateBase | None = None) -> list[Any]:
+                  block_bytes: int = BLOCK_BYTES, *, into: StateBase | None = None,
+                  parquet: pa.Schema | None = None) -> list[Any]:
     """Write the buckets present in `encoded` (ROWS_DDL rows, and the typed `columns` when the archive
     has parquet; `touched`: the buckets its rows fall in, one task each): each bucket's rows sorted
     by sk into one new rows file of the pool, and its bytes in each byte format as a piece: a file
     staged in `staging` (local runtime), or sent into `uploads` (`staging` None); its key index
-    entries every `block_bytes`. Returns the tasks' reports (REPORT_DDL); a value that does not fit
-    the typed columns raises SchemaMisfit.
+    entries every `block_bytes`; with a `parquet` schema (the snapshot's: the rows have their typed
+    `columns`), its parquet piece and that piece's footer (parquet_pieces.py). Returns the tasks'
+    reports (REPORT_DDL); a value that does not fit the typed columns raises SchemaMisfit.
 
     With `into` (a state with these bounds), `encoded` holds changes (a deleted key: null row) and
     each bucket they fall in is that state's bucket with them merged in: the task rewriting it reads
@@ -425,7 +438,8 @@ def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: Sequence
     stored = None if into is None else {i: b.path for i, b in enumerate(into.buckets) if b.path is not None}
     func = functools.partial(_bucket_task, pool=where, staging=None if staging is None else str(staging),
                              token=uuid.uuid4().hex[:12], formats=byte_formats, uploads=uploads,
-                             block_bytes=block_bytes, stored=stored, s3=None if into is None else into.s3)
+                             block_bytes=block_bytes, stored=stored, s3=None if into is None else into.s3,
+                             parquet=parquet)
     typed = ["columns"] if "columns" in encoded.columns else []
     frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb", "ver", *typed)
     frame = frame.selectExpr("*", f"{bucket_placement(touched)} AS task").repartition(max(1, len(set(touched))), "task")
@@ -439,25 +453,29 @@ def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: Sequence
 
 @dataclass(frozen=True, slots=True)
 class Bucket:
-    """One key range of the state: its lower bound (None for the first), rows file, byte sizes and
-    key index entries (None: written before the state kept them)."""
+    """One key range of the state: its lower bound (None for the first), rows file, byte sizes (per
+    piece format, and its parquet piece's body), key index entries (None: written before the state
+    kept them) and the footer of its parquet piece's standalone file (None: no parquet rows)."""
 
     lower: bytes | None
     path: str | None
     rows: int
     sizes: Mapping[str, int] = field(default_factory=dict)
     index: BucketEntries | None = None
+    footer: bytes | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"lower": None if self.lower is None else self.lower.hex(), "path": self.path, "rows": self.rows,
-                "sizes": dict(self.sizes), "index": None if self.index is None else entries_to_json(self.index)}
+                "sizes": dict(self.sizes), "index": None if self.index is None else entries_to_json(self.index),
+                "footer": None if self.footer is None else base64.b64encode(self.footer).decode()}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Bucket:
-        lower, index = data["lower"], data.get("index")
+        lower, index, footer = data["lower"], data.get("index"), data.get("footer")
         return cls(None if lower is None else bytes.fromhex(lower), data["path"], int(data["rows"]),
                    {str(k): int(v) for k, v in data["sizes"].items()},
-                   None if index is None else entries_from_json(index))
+                   None if index is None else entries_from_json(index),
+                   None if footer is None else base64.b64decode(footer))
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,17 +537,6 @@ class StateBase:
         if not paths:
             return spark.createDataFrame([], ROWS_DDL)
         return read_parquet_files(spark, paths, s3=self.s3, ddl=ROWS_DDL)
-
-    def typed_frame(self, spark: SparkSession, buckets: Iterable[int] | None = None) -> DataFrame:
-        """The stored rows with their typed `columns` struct (a state kept for parquet), in bucket order."""
-        chosen = self.buckets if buckets is None else [self.buckets[i] for i in buckets]
-        paths = [b.path for b in chosen if b.path is not None]
-        if not paths or self.schema is None:
-            raise ValueError(f"state at {self.path} keeps no typed rows")
-        # The bucket files do not keep Spark's field metadata (the columns' parquet encodings): the
-        # cast to the schema's image type puts it back.
-        frame = read_parquet_files(spark, paths, s3=self.s3)
-        return frame.withColumn("columns", frame["columns"].cast(image_type(self.schema)))
 
     def rows_for(self, spark: SparkSession, key_fields: Sequence[str], keys: DataFrame) -> DataFrame:
         """The rows (STATE_DDL) of the given keys (a `key` column), reading only the buckets they
@@ -605,13 +612,15 @@ def buckets_from_reports(reports: Iterable[Any], bounds: Sequence[bytes],
     written: dict[int, dict[str, Any]] = {}
     for r in reports:
         entry = written.setdefault(int(r["bucket"]), {"path": r["path"], "rows": int(r["rows"]), "sizes": {},
-                                                      "index": None})
+                                                      "index": None, "footer": None})
         if r["format"]:
             entry["sizes"][r["format"]] = int(r["bytes"])
+            if r["footer"] is not None:
+                entry["footer"] = bytes(r["footer"])
         else:
             entry["index"] = entries_from_json(json.loads(r["blob"]))
     for i, entry in written.items():
-        out[i] = Bucket(lowers[i], entry["path"], entry["rows"], entry["sizes"], entry["index"])
+        out[i] = Bucket(lowers[i], entry["path"], entry["rows"], entry["sizes"], entry["index"], entry["footer"])
     return tuple(out)
 
 
@@ -619,5 +628,6 @@ def emptied(buckets: Sequence[Bucket], indexes: Iterable[int], formats: Sequence
     """`buckets` with the given ones emptied (rewritten, nothing left in them)."""
     out = list(buckets)
     for i in indexes:
-        out[i] = replace(out[i], path=None, rows=0, sizes=dict.fromkeys(piece_formats(formats), 0), index=((), {}))
+        out[i] = replace(out[i], path=None, rows=0, sizes=dict.fromkeys(piece_formats(formats), 0), index=((), {}),
+                         footer=None)
     return tuple(out)

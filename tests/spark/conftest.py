@@ -86,13 +86,10 @@ def by_key(rows: Sequence[Row], key_fields: Sequence[str] = KEY_FIELDS) -> dict[
 
 
 def read_parts(staged: StagedFormat, kind: str) -> list[Any]:
-    """Decode staged parts with the format's reader (snapshot rows or diff changes)."""
+    """Decode a staged artifact with the format's reader (snapshot rows or diff changes)."""
     fmt = FORMATS[staged.format_id]
-    out: list[Any] = []
-    for part in staged.parts:
-        with open(part, "rb") as src:
-            out.extend(fmt.read_snapshot(src) if kind == "snapshot" else fmt.read_diff(src))
-    return out
+    source = io.BytesIO(staged_bytes(staged))
+    return list(fmt.read_snapshot(source) if kind == "snapshot" else fmt.read_diff(source))
 
 
 def python_bytes(format_id: str, kind: str, items: Sequence[Any]) -> bytes:
@@ -126,6 +123,8 @@ def frames(data: bytes, format_id: str) -> list[bytes]:
 
 
 def staged_bytes(staged: StagedFormat) -> bytes:
+    """The object a local build's staged pieces make: their bytes in order (the byte formats'
+    buckets; parquet's magic, bucket bodies and footer)."""
     return b"".join(p.read_bytes() for p in staged.parts)
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import io
 import random
+import shutil
+import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +29,18 @@ from snapshot_assets.archive.row_schema import ColumnType, RowSchema
 from snapshot_assets.pipeline.commit import commit_artifact
 from snapshot_assets.spark.effects import decode_row
 from snapshot_assets.spark.parquet_artifact import (
+    PARQUET_FORMAT,
     SchemaMisfit,
+    check_names,
     infer_row_schema,
+    snapshot_arrow_schema,
     typed_columns,
     write_diff,
-    write_snapshot,
 )
+from snapshot_assets.spark.parquet_pieces import parquet_object
+from snapshot_assets.spark.parts import prepare_staging
+from snapshot_assets.spark.state import buckets_from_reports, encode_rows, sample_bounds, write_buckets
+from tests.spark.conftest import staged_bytes
 
 KEY_FIELDS = ("tenant", "id")
 FORMAT = ParquetFormat()
@@ -82,6 +91,38 @@ def _state(spark: Any, rows: Sequence[Row]) -> Any:
     return spark.createDataFrame(data, "key STRING, row STRING").repartition(3)
 
 
+@dataclass(frozen=True)
+class _Written:
+    path: Path
+    bytes: int
+    rows: int
+
+
+def write_snapshot(frame: Any, schema: RowSchema, out: Path, *, buckets: int = 3) -> _Written:
+    """The snapshot parquet file a build writes for `frame` (key, row), by the build's own path:
+    rows encoded, typed and written as `buckets` buckets (each task writes its bucket's parquet
+    piece), the pieces joined by `parquet_object` (magic, bodies, merged footer)."""
+    check_names(frame.sparkSession, schema.names)
+    work = Path(tempfile.mkdtemp(prefix="snapshot-parquet-"))
+    try:
+        rows = encode_rows(frame.selectExpr("key", "row", "CAST(NULL AS STRING) AS ver", "CAST(NULL AS BINARY) AS pb"),
+                           KEY_FIELDS, (PARQUET_FORMAT,))
+        bounds = sample_bounds(rows, buckets, rows.count())
+        staging = prepare_staging(work / "staging", (PARQUET_FORMAT,)).path
+        arrow = snapshot_arrow_schema(schema)
+        reports = write_buckets(typed_columns(rows, schema), bounds, range(len(bounds) + 1), work / "pool", staging,
+                                (PARQUET_FORMAT,), parquet=arrow)
+        state = buckets_from_reports(reports, bounds)
+        staged = parquet_object([b.sizes.get(PARQUET_FORMAT, 0) for b in state], [b.footer for b in state],
+                                {int(r["bucket"]): Path(r["blob"]) for r in reports if r["format"] == PARQUET_FORMAT},
+                                [], None, arrow, staging=staging, uploads=None)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(staged_bytes(staged))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return _Written(out, staged.bytes, sum(b.rows for b in state))
+
+
 def _python_snapshot(rows: Sequence[Row]) -> list[Row]:
     """What the Python writer's file (fed the decoded Go-JSON text, as Spark tasks feed it) reads back."""
     out = io.BytesIO()
@@ -116,7 +157,7 @@ def test_snapshot_reads_back_exactly_as_the_python_writers(spark: Any, tmp_path:
     state = _state(spark, rows)
     schema = RowSchema.from_manifest_columns(MANIFEST_COLUMNS) if schema_from == "manifest" \
         else infer_row_schema(state)
-    written = write_snapshot(typed_columns(state, schema), tmp_path / "snapshot.parquet")
+    written = write_snapshot(state, schema, tmp_path / "snapshot.parquet")
     assert written.path.is_file() and written.rows == len(rows)
     got = _by_key(_read_snapshot(written.path))
     assert _with_types(got) == _with_types(_by_key(_python_snapshot(rows)))
@@ -142,7 +183,7 @@ def _state_keyed(spark: Any, rows: Sequence[Row], key_fields: Sequence[str]) -> 
 def test_peers_read_the_file_with_exact_integers(spark: Any, tmp_path: Path) -> None:
     rows = _rows(200, seed=11)
     schema = RowSchema.from_manifest_columns(MANIFEST_COLUMNS)
-    path = write_snapshot(typed_columns(_state(spark, rows), schema), tmp_path / "s.parquet").path
+    path = write_snapshot(_state(spark, rows), schema, tmp_path / "s.parquet").path
     ids = sorted(r["id"] for r in rows)
     assert sorted(pq.read_table(path).column("id").to_pylist()) == ids
     assert [i for (i,) in duckdb.sql(f"SELECT id FROM read_parquet('{path}') ORDER BY id").fetchall()] == ids
@@ -156,8 +197,8 @@ def test_same_rows_give_the_same_bytes(spark: Any, tmp_path: Path) -> None:
     rows = _rows(100, seed=3)
     schema = RowSchema.from_manifest_columns(MANIFEST_COLUMNS)
     state = _state(spark, rows)
-    first = write_snapshot(typed_columns(state, schema), tmp_path / "a.parquet")
-    second = write_snapshot(typed_columns(state, schema), tmp_path / "b.parquet")
+    first = write_snapshot(state, schema, tmp_path / "a.parquet")
+    second = write_snapshot(state, schema, tmp_path / "b.parquet")
     assert first.path.read_bytes() == second.path.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet", "b.parquet"]  # no folder left behind
 
@@ -251,10 +292,10 @@ def test_a_value_that_does_not_fit_is_refused_with_column_and_key(spark: Any, tm
                                                                    message: str) -> None:
     schema = RowSchema.from_manifest_columns(MANIFEST_COLUMNS)
     good = _rows(20)
-    frame = spark.createDataFrame([("[\"bad\"]", _text(row)), *[(str(i), _text(r)) for i, r in enumerate(good)]],
+    frame = spark.createDataFrame([("[\"bad\"]", _text(row)), *[(f"[{i}]", _text(r)) for i, r in enumerate(good)]],
                                   "key STRING, row STRING")
     with pytest.raises(SchemaMisfit, match=message) as caught:
-        write_snapshot(typed_columns(frame, schema), tmp_path / "s.parquet")
+        write_snapshot(frame, schema, tmp_path / "s.parquet")
     assert caught.value.column == column and caught.value.row_key == "[\"bad\"]"
     assert not (tmp_path / "s.parquet").exists() and list(tmp_path.iterdir()) == []
 
@@ -263,14 +304,13 @@ def test_a_value_that_does_not_fit_is_refused_with_column_and_key(spark: Any, tm
 def test_a_row_that_is_not_an_object_is_refused(spark: Any, tmp_path: Path) -> None:
     frame = spark.createDataFrame([("[1]", "[1,2]")], "key STRING, row STRING")
     with pytest.raises(SchemaMisfit, match="not a JSON object"):
-        write_snapshot(typed_columns(frame, RowSchema.of([("id", ColumnType.INT64)])), tmp_path / "s.parquet")
+        write_snapshot(frame, RowSchema.of([("id", ColumnType.INT64)]), tmp_path / "s.parquet")
 
 
 @pytest.mark.slow
 def test_empty_snapshot_is_one_readable_file(spark: Any, tmp_path: Path) -> None:
     frame = spark.createDataFrame([], "key STRING, row STRING")
-    written = write_snapshot(typed_columns(frame, RowSchema.from_manifest_columns(MANIFEST_COLUMNS)),
-                             tmp_path / "e.parquet")
+    written = write_snapshot(frame, RowSchema.from_manifest_columns(MANIFEST_COLUMNS), tmp_path / "e.parquet")
     assert written.rows == 0 and _read_snapshot(written.path) == []
 
 
@@ -295,8 +335,7 @@ def test_archive_reader_rebuilds_the_table_from_spark_written_artifacts(spark: A
     schema = RowSchema.from_manifest_columns(MANIFEST_COLUMNS)
     dest = LocalDestination(tmp_path / "archive")
     prefix = "t/"
-    snap = write_snapshot(typed_columns(_state(spark, rows), schema),
-                          dest.root / snapshot_key(prefix, 1, "0/10", ".parquet"), order_by="key")
+    snap = write_snapshot(_state(spark, rows), schema, dest.root / snapshot_key(prefix, 1, "0/10", ".parquet"))
     diff = write_diff(_net(spark, changes), schema, dest.root / diff_key(prefix, 1, "0/10", "0/20", ".parquet"),
                       KEY_FIELDS, truncated=False)
     for art in (Artifact("snapshot", 1, None, "0/10", "2026-01-01T00:00:00Z",
