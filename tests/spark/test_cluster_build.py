@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,11 +227,15 @@ def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
     assert [b.count for b in cluster_built] == [b.count for b in local_built]
 
     # Who did what: the executors read the segments and wrote the bucket files and the pieces;
-    # the driver wrote only markers, completed uploads and merged small heads into parts.
+    # the driver wrote only markers, each parquet snapshot's magic and merged footer (two small
+    # pieces per upload: parquet_pieces.py), completed uploads and merged small heads into parts.
     segment_reads = {key for method, url, key in record if method == "GET" and segment_key in url}
     bucket_writes = {key for method, url, key in record if method in ("PUT", "POST") and "/state/buckets/" in url}
     head_writes = {key for method, url, key in record if method == "PUT" and ".parts-" in url}
-    assert segment_reads == bucket_writes == head_writes == {EXECUTOR_ACCESS_KEY}
+    driver_heads = Counter(url.split("?")[0].rsplit("/", 1)[0] for method, url, key in record
+                           if method == "PUT" and ".parts-" in url and key != EXECUTOR_ACCESS_KEY)
+    assert segment_reads == bucket_writes == {EXECUTOR_ACCESS_KEY} and EXECUTOR_ACCESS_KEY in head_writes
+    assert driver_heads and all(".parquet.parts-" in upload and count == 2 for upload, count in driver_heads.items())
     markers = {key for method, url, key in record if method == "PUT" and "_snapshotter_state.json" in url}
     assert markers == {"testing"}
 
