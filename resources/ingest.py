@@ -42,7 +42,15 @@ from types import FrameType
 from resources.buffer import ChangeBuffer, WriterLockHeld
 from resources.buffer.lease import DEFAULT_LEASE_S
 from resources.buffer.object_storage import table_storage
-from resources.subscribers.events import Event, ResumesWithSchema, ResyncBegin, ResyncEnd, Subscriber, TxEnd
+from resources.subscribers.events import (
+    Event,
+    ResumesWithSchema,
+    ResyncBegin,
+    ResyncEnd,
+    SnapshotBatch,
+    Subscriber,
+    TxEnd,
+)
 
 log = logging.getLogger(__name__)
 WRITER_POLL_S = 2.0  # how often a standing-by ingest asks for the buffer's writer role
@@ -111,7 +119,8 @@ class _Producer:
         try:
             for event in self._subscriber.events(self._start):
                 chunk.append(event)
-                if isinstance(event, TxEnd | ResyncBegin | ResyncEnd) or len(chunk) >= _CHUNK_EVENTS:
+                # A batch of copied rows is a chunk of its own: the queue holds at most that many batches.
+                if isinstance(event, TxEnd | ResyncBegin | ResyncEnd | SnapshotBatch) or len(chunk) >= _CHUNK_EVENTS:
                     if not self._put(chunk):
                         return
                     chunk = []

@@ -16,5 +16,6 @@ from snapshot_assets.config import TableConfig
 
 class SubscriberResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     def open(self, table: TableConfig) -> Subscriber:
-        """A subscriber for `table`; nothing connects until its events are read."""
-        return build_subscriber(table)
+        """A subscriber for `table` that feeds a buffer (a copy comes in batches, `SnapshotBatch`);
+        nothing connects until its events are read."""
+        return build_subscriber(table, batched_copy=True)

@@ -28,10 +28,11 @@ from resources.buffer.segments import (
     SegmentWriter,
     SnapshotStaging,
     encode_snapshot_row,
+    encode_text_snapshot_batch,
     encode_text_snapshot_row,
 )
 from resources.buffer.storage import BufferStorage
-from resources.subscribers.events import SnapshotRow, TableSchema
+from resources.subscribers.events import SnapshotBatch, SnapshotRow, TableSchema
 from resources.subscribers.text_rows import TextSnapshotRow
 
 
@@ -153,7 +154,7 @@ class OpenResync:
     """A re-sync in progress: rows stream into local staging until ResyncEnd names their position."""
 
     def __init__(self, first_seq: int, row_group_rows: int, begin_position: str | None, reason: str) -> None:
-        self._staging = SnapshotStaging()
+        self._staging = SnapshotStaging(row_group_rows)
         self._pending: list[RowTuple] = []
         self._row_group_rows = row_group_rows
         self._hll = HyperLogLog()
@@ -178,6 +179,21 @@ class OpenResync:
         if len(self._pending) >= self._row_group_rows:
             self._staging.write(self._pending)
             self._pending = []
+
+    def add_batch(self, event: SnapshotBatch, key_fields: tuple[str, ...]) -> None:
+        """A batch of copied rows: encoded with Arrow kernels when their keys allow
+        (`encode_text_snapshot_batch`), else row by row, exactly as `add` does."""
+        encoded = encode_text_snapshot_batch(event.codec, event.texts, self.next_seq) \
+            if event.codec.key == key_fields else None
+        if encoded is None:
+            for row in event.rows():
+                self.add(row, key_fields)
+            return
+        self._staging.write(self._pending)  # the rows before it, in order
+        self._pending = []
+        self._staging.write_batch(encoded)
+        self._hll.update(encoded.column("key").to_pylist())
+        self.rows += encoded.num_rows
 
     def _where(self) -> str:
         return f"re-sync row {self.rows + 1} ({self.reason}, after {self.begin_position or 'the start'})"

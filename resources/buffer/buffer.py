@@ -42,6 +42,7 @@ from resources.subscribers.events import (
     ResyncBegin,
     ResyncEnd,
     SchemaEvent,
+    SnapshotBatch,
     SnapshotRow,
     TableSchema,
     TxEnd,
@@ -114,6 +115,9 @@ class ChangeBuffer(BufferView):
             case TxEnd():
                 return self._tx_end(event)
             case SnapshotRow():
+                self._snapshot_row(event)
+                return False
+            case SnapshotBatch():
                 self._snapshot_row(event)
                 return False
             case SchemaEvent():
@@ -204,12 +208,15 @@ class ChangeBuffer(BufferView):
             return self._seal_open()
         return False
 
-    def _snapshot_row(self, event: SnapshotRow) -> None:
+    def _snapshot_row(self, event: SnapshotRow | SnapshotBatch) -> None:
         if self._resync is None:
             raise BadEventOrder(f"{self._where()}: a snapshot row outside a re-sync")
         key_fields = self._key_fields("a snapshot row")
         try:
-            self._resync.add(event, key_fields)
+            if isinstance(event, SnapshotBatch):
+                self._resync.add_batch(event, key_fields)
+            else:
+                self._resync.add(event, key_fields)
         except ArchiveError as exc:
             raise BadChange(f"{self._where()}: {exc}") from exc
 

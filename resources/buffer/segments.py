@@ -372,6 +372,35 @@ def encode_text_snapshot_row(event: TextSnapshotRow, seq: int, position: str, wh
             codec.text, None, texts, None)
 
 
+def encode_text_snapshot_batch(codec: RowCodec, texts: pa.RecordBatch, first_seq: int) -> pa.RecordBatch | None:
+    """`encode_text_snapshot_row` of every row of a batch of whole images (`events.SnapshotBatch`),
+    as one record batch (`SCHEMA`, position left empty) built with Arrow kernels; None when a row
+    needs the per-row path (a key that is not all integers, or is NULL: its refusal names the row)."""
+    keys = codec.fast_keys(texts)
+    if keys is None:
+        return None
+    rows, width = texts.num_rows, texts.num_columns  # width >= 1: the key columns are among them
+    # The images as list<string>, row by row: the columns' values interleaved.
+    values = pa.concat_arrays([column.cast(pa.string()) for column in texts.columns])
+    order = (np.arange(rows, dtype=np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :] * rows).ravel()
+    offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+    images = pa.ListArray.from_arrays(offsets, values.take(pa.array(order)))
+    constant = {"position": "", "action": SNAPSHOT_ACTION, "codec": codec.text}
+    arrays = []
+    for field in SCHEMA:
+        if field.name == "seq":
+            arrays.append(pa.array(np.arange(first_seq, first_seq + rows, dtype=np.int64)))
+        elif field.name == "key":
+            arrays.append(keys.cast(pa.string()))
+        elif field.name == "new_text":
+            arrays.append(images.cast(field.type))
+        elif field.name in constant:
+            arrays.append(pa.repeat(pa.scalar(constant[field.name], field.type), rows))
+        else:
+            arrays.append(pa.nulls(rows, field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+
+
 def record_batch(rows: Sequence[RowTuple]) -> pa.RecordBatch:
     columns = list(zip(*rows, strict=True)) if rows else [()] * len(SCHEMA)
     arrays = [pa.array(col, type=field.type) for col, field in zip(columns, SCHEMA, strict=True)]
@@ -509,15 +538,33 @@ class SnapshotStaging:
     paid only on an initial load or a re-sync.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, row_group_rows: int = 65_536) -> None:
         self._file: BinaryIO = tempfile.TemporaryFile()  # noqa: SIM115 - closed by copy_to/discard
         self._writer = pq.ParquetWriter(self._file, SCHEMA, compression=COMPRESSION)
+        self._row_group_rows = row_group_rows
+        self._held: list[pa.RecordBatch] = []  # rows not written yet: a row group is written whole
+        self._held_rows = 0
 
     def write(self, rows: Sequence[RowTuple]) -> None:
         if rows:
-            self._writer.write_batch(record_batch(rows))
+            self.write_batch(record_batch(rows))
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """Rows already encoded as a record batch (`encode_text_snapshot_batch`), held until they
+        make a row group of `row_group_rows` (small row groups cost the writer and every reader)."""
+        if batch.num_rows:
+            self._held.append(batch)
+            self._held_rows += batch.num_rows
+            if self._held_rows >= self._row_group_rows:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._held:
+            self._writer.write_table(pa.Table.from_batches(self._held, SCHEMA), row_group_size=self._held_rows)
+            self._held, self._held_rows = [], 0
 
     def copy_to(self, target: SegmentWriter, position: str) -> None:
+        self._flush()
         self._writer.close()
         self._file.seek(0)
         staged = pq.ParquetFile(self._file)

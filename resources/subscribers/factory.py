@@ -36,7 +36,9 @@ def slot_name(source: SourceConfig) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in raw.lower())[:63]
 
 
-def build_subscriber(table: TableConfig) -> Subscriber:
+def build_subscriber(table: TableConfig, *, batched_copy: bool = False) -> Subscriber:
+    """The table's source. `batched_copy`: a consumer that takes `SnapshotBatch` events (the buffer)
+    gets a copy in batches from the sources that can send them (PostgreSQL)."""
     src = table.source
     if src.type == "generator":
         from resources.subscribers.generator import GeneratorSubscriber
@@ -49,7 +51,8 @@ def build_subscriber(table: TableConfig) -> Subscriber:
                                   slot=slot_name(src),
                                   publication=src.publication or slot_name(src), create_slot=src.create_slot,
                                   recreate_slot_on_loss=src.recreate_slot_on_loss,
-                                  unchanged_toast=src.unchanged_toast, progress=bool(table.group))
+                                  unchanged_toast=src.unchanged_toast, progress=bool(table.group),
+                                  batched_copy=batched_copy)
     if src.type == "laredo":
         from resources.subscribers.laredo import LaredoSubscriber
 

@@ -85,6 +85,7 @@ import datetime as _dt
 import os
 import re
 import select
+import tempfile
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
+import pyarrow as pa
 from psycopg2 import sql
 
 from resources.subscribers import pgoutput, pgtypes
@@ -116,9 +118,11 @@ from resources.subscribers.events import (
     ResyncBegin,
     ResyncEnd,
     SchemaEvent,
+    SnapshotBatch,
     TableSchema,
     TxEnd,
 )
+from resources.subscribers.text_columns import COPY_BLOCK_BYTES, copy_text_batches
 from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow, TextValues
 from snapshot_assets.archive.changes import Action, Row
 from snapshot_assets.archive.positions import format_lsn, parse_lsn
@@ -258,7 +262,8 @@ class PostgresSubscriber:
     def __init__(self, dsn: str, *, table: str, slot: str, publication: str, schema: str = "public",
                  create_slot: bool = True, recreate_slot_on_loss: bool = False,
                  status_interval: float = 10.0, batch_size: int = 5000,
-                 unchanged_toast: str = "fill", key_fields: Sequence[str] = (), progress: bool = False) -> None:
+                 unchanged_toast: str = "fill", key_fields: Sequence[str] = (), progress: bool = False,
+                 batched_copy: bool = False, copy_block_bytes: int = COPY_BLOCK_BYTES) -> None:
         self.name = f"{schema}.{table}"
         if not _SLOT_NAME.match(slot):
             raise SourceConfigError(self.name, f"invalid replication slot name {slot!r}: use 1-63 "
@@ -267,6 +272,8 @@ class PostgresSubscriber:
             raise SourceConfigError(self.name, "status_interval must be at least 1 second")
         if batch_size < 1:
             raise SourceConfigError(self.name, "batch_size must be positive")
+        if copy_block_bytes < 1:
+            raise SourceConfigError(self.name, "copy_block_bytes must be positive")
         if unchanged_toast not in UNCHANGED_TOAST_POLICIES:
             raise SourceConfigError(self.name, f"unknown unchanged_toast policy {unchanged_toast!r}")
         self.dsn = dsn
@@ -281,6 +288,8 @@ class PostgresSubscriber:
         self.unchanged_toast = unchanged_toast
         self.key_fields = tuple(key_fields)  # configured; () takes the table's key
         self.progress = progress  # idle progress from keepalives (module doc)
+        self.batched_copy = batched_copy  # the copy as SnapshotBatch events (module doc)
+        self.copy_block_bytes = copy_block_bytes
         self._sent_seen = 0  # the walsender's sent position when the stream last went idle
         self._query: Connection = None
         self._repl: Connection = None
@@ -418,9 +427,14 @@ class PostgresSubscriber:
         """The rows of the snapshot the query connection is in, then their position (see above)."""
         count = 0
         codec = self._catalog_shape(info).codec
-        for values in self._copy_rows(info):
-            yield TextSnapshotRow(codec, values)
-            count += 1
+        if self.batched_copy:
+            for texts in self._copy_batches(info):
+                yield SnapshotBatch(codec, texts)
+                count += texts.num_rows
+        else:
+            for values in self._copy_rows(info):
+                yield TextSnapshotRow(codec, values)
+                count += 1
         position = consistent_point - 1
         with self._lock:
             self._ack_limit = max(self._ack_limit, position)
@@ -612,27 +626,45 @@ class PostgresSubscriber:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
 
-    def _copy_rows(self, info: _TableInfo) -> Iterator[TextValues]:
-        """Every row of the table as its columns' output text, in `info.columns` order."""
+    @contextlib.contextmanager
+    def _in_snapshot(self) -> Iterator[Connection]:
+        """The query connection inside the transaction `_enter_snapshot` opened: committed when the
+        block ends, rolled back when it fails (or is abandoned), back in autocommit either way."""
         conn = self._query
         try:
-            with conn.cursor(name="snapshotter_initial_copy") as cur:
-                # Every column as its output text: one representation with the stream (see pgtypes).
-                raw = psycopg2.extensions.new_type(tuple({c.type_oid for c in info.columns}),
-                                                   "SNAPSHOTTER_TEXT", lambda value, _cur: value)
-                psycopg2.extensions.register_type(raw, cur)
-                cur.itersize = self.batch_size
-                cur.execute(sql.SQL("SELECT {} FROM {}.{}").format(
-                    sql.SQL(", ").join(sql.Identifier(c.name) for c in info.columns),
-                    sql.Identifier(self.schema), sql.Identifier(self.table)))
-                while batch := cur.fetchmany(self.batch_size):
-                    yield from batch
+            yield conn
             conn.commit()
         finally:
             if not conn.closed and conn.status != psycopg2.extensions.STATUS_READY:
                 conn.rollback()
             if not conn.closed:
                 conn.autocommit = True
+
+    def _select_all(self, info: _TableInfo) -> sql.Composed:
+        return sql.SQL("SELECT {} FROM {}.{}").format(sql.SQL(", ").join(sql.Identifier(c.name) for c in info.columns),
+                                                   sql.Identifier(self.schema), sql.Identifier(self.table))
+
+    def _copy_rows(self, info: _TableInfo) -> Iterator[TextValues]:
+        """Every row of the table as its columns' output text, in `info.columns` order."""
+        with self._in_snapshot() as conn, conn.cursor(name="snapshotter_initial_copy") as cur:
+            # Every column as its output text: one representation with the stream (see pgtypes).
+            raw = psycopg2.extensions.new_type(tuple({c.type_oid for c in info.columns}),
+                                               "SNAPSHOTTER_TEXT", lambda value, _cur: value)
+            psycopg2.extensions.register_type(raw, cur)
+            cur.itersize = self.batch_size
+            cur.execute(self._select_all(info))
+            while batch := cur.fetchmany(self.batch_size):
+                yield from batch
+
+    def _copy_batches(self, info: _TableInfo) -> Iterator[pa.RecordBatch]:
+        """The table as batches of column texts (`_copy_rows` in bulk): `COPY ... TO STDOUT (FORMAT
+        csv)` into a local temp file, which ends the snapshot's transaction as soon as the server
+        has sent the table, then parsed by Arrow's CSV reader (`copy_text_batches`)."""
+        with tempfile.TemporaryDirectory(prefix="snapshotter-copy-") as work:
+            spool = os.path.join(work, "copy.csv")
+            with self._in_snapshot() as conn, open(spool, "wb") as out, conn.cursor() as cur:
+                cur.copy_expert(sql.SQL("COPY ({}) TO STDOUT WITH (FORMAT csv)").format(self._select_all(info)), out)
+            yield from copy_text_batches(spool, len(info.columns), self.copy_block_bytes)
 
     # --- stream ------------------------------------------------------------------------------
 

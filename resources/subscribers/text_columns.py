@@ -25,11 +25,14 @@ tests/buffer/test_text_columns.py hold this module to the typed path, byte for b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 
 from resources.subscribers import pgtypes
 from resources.subscribers.text_rows import RowCodec
@@ -151,9 +154,53 @@ def encode_copies(codec: RowCodec, images: pa.ListArray, keys: pa.Array, *,
     return texts, _records_of(texts) if records else None
 
 
+COPY_BLOCK_BYTES = 1 << 20
+"""How much CSV one batch of a copy is parsed from: about 5,000 rows of a narrow table, so the
+ingest's queue of batches stays a few tens of MiB (a row larger than a block is parsed again with
+larger blocks: `copy_text_batches`)."""
+_MAX_BLOCK_BYTES = 1 << 31
+
+
+def _csv_reader(path: str, width: int, block_bytes: int) -> Any:
+    names = [f"c{i}" for i in range(width)]
+    return pacsv.open_csv(
+        path,
+        read_options=pacsv.ReadOptions(column_names=names, block_size=block_bytes),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        # PostgreSQL's CSV: NULL is an unquoted empty field, an empty string a quoted one.
+        convert_options=pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=True,
+                                             quoted_strings_can_be_null=False, null_values=[""]))
+
+
+def copy_text_batches(path: str, width: int, block_bytes: int = COPY_BLOCK_BYTES) -> Iterator[pa.RecordBatch]:
+    """The rows of `COPY ... TO STDOUT (FORMAT csv)` output in the file `path` as batches of
+    `width` string columns (null: SQL NULL), exactly the column texts the row path reads.
+
+    Why CSV: it is the copy format whose NULL and empty string differ by quoting alone, and Arrow
+    parses it in C++, so a copy costs no Python per row. A row larger than a block stops Arrow's
+    streaming reader; the file is then read again with blocks four times larger, from the first
+    row not yet handed out."""
+    if os.path.getsize(path) == 0:
+        return
+    done = 0
+    while True:
+        try:
+            seen = 0
+            for batch in _csv_reader(path, width, block_bytes):
+                start, seen = max(0, done - seen), seen + batch.num_rows
+                if seen > done:
+                    yield batch.slice(start)
+                    done = seen
+            return
+        except pa.ArrowInvalid as exc:
+            if "straddling" not in str(exc) or block_bytes >= _MAX_BLOCK_BYTES:
+                raise
+            block_bytes *= 4
+
+
 def encode_images(codec: RowCodec, images: pa.ListArray, keys: pa.Array) -> pa.Array:
     """`encode_copies` without the records: the Go-JSON text of each whole image."""
     return encode_copies(codec, images, keys)[0]
 
 
-__all__ = ["encode_column", "encode_copies", "encode_images"]
+__all__ = ["COPY_BLOCK_BYTES", "copy_text_batches", "encode_column", "encode_copies", "encode_images"]

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from snapshot_assets.archive.formats.parquet_merge import MAGIC, merge_footers, split_file, trailer
-from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, write_row_groups
+from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, ROW_GROUP_BYTES
 from snapshot_assets.spark.parts import Reuse, StagedFormat, bucket_pieces
 from snapshot_assets.spark.pieces import PieceWriter, Sent, Uploads
 
@@ -49,10 +49,17 @@ def piece_writer(format_id: str, bucket: int, staging: Path | None, uploads: Upl
 
 
 def parquet_bytes(batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> pa.Buffer:
-    """A standalone parquet file of `batches` (cast to `schema`), as every bucket's piece is written."""
+    """A standalone parquet file of `batches` (cast to `schema`), as every bucket's piece is written.
+
+    The bytes depend on the rows alone, not on how they were batched (Arrow's writer cuts pages
+    and row groups where its input's chunks end, and a cluster's tasks receive other batches than
+    a local runtime's): the rows are made one contiguous table and cut into equal row groups of
+    about ROW_GROUP_BYTES."""
+    table = (pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()).combine_chunks()
+    groups = max(1, -(-table.nbytes // ROW_GROUP_BYTES))
     sink = pa.BufferOutputStream()
     with pq.ParquetWriter(sink, schema, compression=_COMPRESSION) as writer:
-        write_row_groups(writer, batches, schema)
+        writer.write_table(table, row_group_size=max(1, -(-table.num_rows // groups)))
     return sink.getvalue()
 
 

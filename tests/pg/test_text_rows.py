@@ -13,8 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
+from resources.buffer import BufferReader, ChangeBuffer
+from resources.buffer.errors import BadChange
 from resources.buffer.segments import (
     SCHEMA,
     encode_change,
@@ -23,12 +26,22 @@ from resources.buffer.segments import (
     record_batch,
     with_images,
 )
-from resources.subscribers.events import ChangeEvent, ResyncEnd, SchemaEvent, SnapshotRow
+from resources.subscribers.events import (
+    ChangeEvent,
+    Column,
+    ResyncBegin,
+    ResyncEnd,
+    SchemaEvent,
+    SnapshotBatch,
+    SnapshotRow,
+    TableSchema,
+)
 from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Action
 from snapshot_assets.archive.errors import ArchiveError, EncodeError
 from snapshot_assets.archive.formats.protobuf import snapshot_record
+from tests.buffer.helpers import read_refs
 from tests.pg import test_postgres_source as pgsrc
 from tests.pg.test_postgres_source import _TYPES_DDL, _TYPES_VALUES, Db, Stream
 
@@ -168,3 +181,84 @@ def test_a_key_of_every_column_in_another_order_than_the_tables_is_read_as_the_k
     _as_read([change], codec.key)
     copied = encode_text_snapshot_row(TextSnapshotRow(codec, ("1", "x")), 1, "", lambda: "re-sync row 1")
     assert copied[3] == encode_snapshot_row({"a": 1, "b": "x"}, 1, codec.key, "", "re-sync row 1")[3] == '["x",1]'
+
+
+# --- the copy in batches (`SnapshotBatch`: what the ingest's buffer asks the source for) ---------------
+
+
+def _copy_events(source: Any, t: str, **options: Any) -> list[Any]:
+    sub, _ = source(table=t, slot=f"{t}_s{len(options)}", publication=f"{t}_p{len(options)}", **options)
+    stream = Stream(sub.events(None))
+    return stream._until(lambda e: isinstance(e, ResyncEnd), 20)
+
+
+def test_the_copy_in_batches_gives_the_rows_of_the_copy_row_by_row(source: Any, db: Db) -> None:
+    """Every type, NULL against '', quotes, commas, newlines, a value larger than the parser's block
+    (read again with larger blocks), keys beyond 2^53: the batches' texts are the row path's, in order."""
+    _, names = source()
+    t = names.table
+    db.run(_TYPES_DDL.format(t=t))
+    for i in (1, 2):
+        db.run(f"INSERT INTO {t} VALUES {_TYPES_VALUES}", i)
+    db.run(f"INSERT INTO {t} (id, t, vc, ta, nul) VALUES (3, '', '', '{{}}', 'a,b\n\"c\"\r\nd')")
+    db.run(f"INSERT INTO {t} (id, t, i8) SELECT g, repeat('x', 3000) || g, 9007199254740993 + g "
+           "FROM generate_series(4, 300) g")
+    rows = _copy_events(source, t)
+    batched = _copy_events(source, t, batched_copy=True, copy_block_bytes=1024)
+    batches = [e for e in batched if isinstance(e, SnapshotBatch)]
+    assert len(batches) > 1 and not any(isinstance(e, SnapshotRow) for e in batched)
+    expected = [(e.codec, e.texts) for e in rows if isinstance(e, TextSnapshotRow)]
+    assert [(r.codec, r.texts) for b in batches for r in b.rows()] == expected and len(expected) == 300
+    assert [e.row_count for e in batched if isinstance(e, ResyncEnd)] == [300]
+    assert next(texts for _, texts in expected if texts[0] == "3")[batches[0].codec.names.index("t")] == ""
+
+
+@pytest.mark.parametrize("codec", [
+    RowCodec(("id", "v"), ("int", "text"), ("id",)),
+    RowCodec(("tenant", "id", "v"), ("int", "int", "json"), ("tenant", "id")),  # composite, the fast path
+    RowCodec(("a", "b", "v"), ("int", "text", "text"), ("b", "a")),  # a text key: row by row
+])
+def test_a_batch_of_copied_rows_is_buffered_as_its_rows(codec: RowCodec, tmp_path: Any) -> None:
+    def value(i: int, name: str, spec: str) -> str | None:
+        if name in codec.key:
+            return str(2**62 + i) if spec == "int" else f"k{i}"
+        if i % 3 == 0:
+            return None
+        return f'{{"n": {i}}}' if spec == "json" else f'v{i}\n",'
+
+    texts = [tuple(value(i, n, spec) for n, spec in zip(codec.names, codec.specs, strict=True)) for i in range(50)]
+    columns = list(zip(*texts, strict=True))
+    batch = pa.RecordBatch.from_arrays([pa.array(c, pa.string()) for c in columns],
+                                       names=[f"c{i}" for i in range(len(columns))])
+    segments = []
+    one_by_one = [TextSnapshotRow(codec, t) for t in texts]
+    for name, events in (("rows", one_by_one), ("batch", [SnapshotBatch(codec, batch)])):
+        buffer = ChangeBuffer(tmp_path / name, "public.t", seal_interval=3600)
+        buffer.append(SchemaEvent(TableSchema("public.t", tuple(
+            Column(n, "text", primary_key=n in codec.key, primary_key_ordinal=codec.key.index(n) + 1 if n in codec.key
+                   else 0, ordinal=i + 1) for i, n in enumerate(codec.names)))))
+        buffer.append(ResyncBegin("initial"))
+        for event in events:
+            buffer.append(event)
+        buffer.append(ResyncEnd("0/10", len(texts)))
+        buffer.close()
+        segments.append(read_refs(BufferReader(tmp_path / name, "public.t").all_segments()))
+    assert segments[0] == segments[1] and len(segments[0]) == len(texts)
+
+
+def test_a_batch_whose_key_is_null_is_refused_like_its_row(tmp_path: Any) -> None:
+    codec = RowCodec(("id", "v"), ("int", "text"), ("id",))
+    batch = pa.RecordBatch.from_arrays([pa.array(["1", None]), pa.array(["a", "b"])], names=["c0", "c1"])
+    errors = []
+    for name, event in (("rows", TextSnapshotRow(codec, (None, "b"))), ("batch", SnapshotBatch(codec, batch))):
+        buffer = ChangeBuffer(tmp_path / name, "public.t", seal_interval=3600)
+        buffer.append(SchemaEvent(TableSchema("public.t", (Column("id", "int8", primary_key=True,
+                                                                  primary_key_ordinal=1, ordinal=1),
+                                                           Column("v", "text", ordinal=2)))))
+        buffer.append(ResyncBegin("initial"))
+        if name == "rows":
+            buffer.append(TextSnapshotRow(codec, ("1", "a")))
+        with pytest.raises(BadChange) as refused:
+            buffer.append(event)
+        errors.append(str(refused.value))
+    assert errors[0] == errors[1] and "re-sync row 2" in errors[0]

@@ -6,10 +6,12 @@ segment files, the state (bucket files and markers), each diff's delta, the scra
 the destination, which the tasks send their pieces into. The same chain (full snapshot, two diffs,
 an incremental re-base) built by the local runtime with local paths and today's staging is the
 oracle: jsonl and protobuf objects must be equal byte for byte; parquet objects hold the same
-columns, encodings and rows (on the cluster Arrow's writer makes the one file in a task, since
-Spark's writer cannot reach S3 here and its committer needs a disk shared with the driver; so
-the pages and footer differ). The endpoint's record shows that the executors, not the driver,
-read the segments and wrote the bucket files and the pieces.
+columns, encodings and rows. (A parquet snapshot has a row group per bucket, and the bucket bounds
+come from a sample of the keys, which Spark draws per partition: the two runtimes split the same
+rows at other bounds. A parquet diff is written by Arrow's writer in one task on the cluster, since
+Spark's writer cannot reach S3 here and its committer needs a disk shared with the driver.) The
+endpoint's record shows that the executors, not the driver, read the segments and wrote the
+bucket files and the pieces.
 """
 
 from __future__ import annotations
@@ -243,7 +245,7 @@ def test_a_cluster_sharing_only_s3_builds_the_local_runtimes_archive(
 def test_targets_on_a_local_runtime_send_the_pieces_into_a_local_destination(spark: Any, tmp_path: Path) -> None:
     """The same chain on the local runtime, once staging pieces for the driver to upload and once with
     the tasks sending them into a local destination's uploads: the same objects, byte for byte (parquet
-    too: both written by Spark's writer into the local staging folder)."""
+    too: a snapshot's from the same bucket pieces, a diff by Spark's writer into the local staging folder)."""
     g = generate(tmp_path / "buffer", seed=31, rows=400, changes=500, seal_changes=100)
     ends = [b for b in g.boundaries if compare_lsn(b, g.resyncs[0]) > 0]
     positions = (ends[len(ends) // 4], ends[len(ends) // 2], ends[3 * len(ends) // 4], ends[-1])
