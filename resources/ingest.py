@@ -31,14 +31,13 @@ import argparse
 import json
 import logging
 import queue
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from types import FrameType
 
+from resources import stop_signals
 from resources.buffer import ChangeBuffer, WriterLockHeld
 from resources.buffer.lease import DEFAULT_LEASE_S
 from resources.buffer.object_storage import table_storage
@@ -281,11 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_signals.install(stop)
     subscriber = GeneratorSubscriber(args.table, seed=args.generator_seed, rows=args.rows, changes=args.changes,
                                      rate=args.rate, mix={**DEFAULT_MIX, "truncate": args.truncate},
                                      resync_every=args.resync_every)

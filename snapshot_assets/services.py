@@ -10,12 +10,11 @@ kept alive by the ingest supervisor sensor.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import FrameType
 
+from resources import stop_signals
 from resources.buffer_resource import ChangeBufferResource
 from resources.ingest import WRITER_POLL_S, IngestResult, run_ingest, writer_when_free
 from resources.subscriber_resource import SubscriberResource
@@ -85,9 +84,5 @@ def run_ingest_service(config: SnapshotterConfig, tables: Sequence[str] = (), *,
 
 
 def install_stop_signals(stop: threading.Event) -> None:
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping after the current transaction", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    """SIGTERM and SIGINT set `stop` (resources/stop_signals.py: never from inside the handler)."""
+    stop_signals.install(stop, "signal %d: stopping after the current transaction")

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import grpc  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError
 
+from resources import stop_signals
 from resources.proto.laredo.replication.v1 import replication_pb2 as pb
 from resources.subscribers.connect_framing import (
     CONTENT_TYPE,
@@ -447,8 +448,7 @@ def serve(config: FanoutConfig | Mapping[str, Any], subscriber: Subscriber | Non
     done = stop or threading.Event()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda *_: done.set())
+        previous.update(stop_signals.install(done))
     try:
         for listener in server.listeners:
             log.info("fan-out %s.%s serving %s on %s", cfg.schema, cfg.table, listener.protocol,

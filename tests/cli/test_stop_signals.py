@@ -1,0 +1,47 @@
+"""SIGTERM/SIGINT set the stop event without ever waiting on the event's own lock."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from snapshot_assets.services import install_stop_signals
+
+
+@pytest.fixture
+def restored_handlers() -> Iterator[None]:
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def test_a_signal_while_the_main_thread_holds_the_events_lock_still_stops(restored_handlers: None) -> None:
+    """The handler runs in the main thread, which may hold the event's lock at that instant (on its
+    way into `stop.wait()`): the handler must return, and the event be set once the lock is free."""
+    stop = threading.Event()
+    install_stop_signals(stop)
+    handler = signal.getsignal(signal.SIGTERM)
+    assert callable(handler)
+    returned = threading.Event()
+
+    def main_thread_inside_wait() -> None:
+        with stop._cond:  # type: ignore[attr-defined]  # what Event.wait holds before it blocks
+            handler(signal.SIGTERM, None)
+            returned.set()
+
+    holder = threading.Thread(target=main_thread_inside_wait, daemon=True)
+    holder.start()
+    holder.join(5)
+    assert returned.is_set(), "the signal handler blocked on the stop event's lock"
+    assert stop.wait(5)
+
+
+def test_sigint_stops_too(restored_handlers: None) -> None:
+    stop = threading.Event()
+    install_stop_signals(stop)
+    signal.raise_signal(signal.SIGINT)
+    assert stop.wait(5)
