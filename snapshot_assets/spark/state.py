@@ -309,6 +309,9 @@ class _BucketOut:
             where, size = piece.close()
             reports.append((self.bucket, self.lower, self.rows, self.uri, fid, where, size, None))
         if self._parquet is not None:
+            if self._parquet.rows != self.rows:
+                raise RuntimeError(f"bucket {self.bucket}: its parquet piece holds {self._parquet.rows} rows, "
+                                   f"the bucket {self.rows}")
             where, size, footer = self._parquet.close()
             reports.append((self.bucket, self.lower, self.rows, self.uri, PARQUET_FORMAT, where, size, footer))
         return reports
