@@ -258,21 +258,30 @@ class TablePipeline:
         return LayeredBase(state, tuple(deltas))
 
     def _reusable_objects(self, previous: Artifact | None, state: Any) -> dict[str, str]:
-        """Per byte format, the previous snapshot's object key when every destination holds it whole
-        and it was built from `state` (its buckets' bytes, in order): the ranges a re-base copies."""
+        """Per format made of bucket pieces (the byte formats, the versions object, parquet), the
+        previous snapshot's object key when every destination holds it whole and it was built from
+        `state` (its buckets' bytes, in order): the ranges a re-base copies."""
+        from snapshot_assets.archive.row_schema import RowSchema
+        from snapshot_assets.spark import parquet_pieces
+        from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, snapshot_arrow_schema
         from snapshot_assets.spark.state import piece_formats
 
         if previous is None or state is None or state.state.position != previous.to_position:
             return {}
+        buckets = state.state.buckets
         found: dict[str, str] = {}
-        for fid in piece_formats(state.state.formats):
+        pieced = [*piece_formats(state.state.formats), *[f for f in state.state.formats if f == PARQUET_FORMAT]]
+        for fid in pieced:
             if fid == VERSIONS:  # the versions object beside the snapshot (not a format of it)
                 key = snapshot_versions_key(self.cfg.key_prefix, previous.epoch, previous.to_position)
             elif fid in previous.formats:
                 key = artifact_key(self.cfg.key_prefix, previous, FORMATS[fid])
             else:
                 continue
-            size = sum(b.sizes.get(fid, 0) for b in state.state.buckets)
+            size = sum(b.sizes.get(fid, 0) for b in buckets)
+            if fid == PARQUET_FORMAT:  # the bodies with the magic and the merged footer around them
+                size = parquet_pieces.object_size([b.sizes.get(fid, 0) for b in buckets], [b.footer for b in buckets],
+                                                  snapshot_arrow_schema(state.state.schema or RowSchema.of(())))
             if all(any(o.key == key and o.size == size for o in d.list(key)) for d in self.destinations):
                 found[fid] = key
         return found

@@ -115,6 +115,16 @@ def parquet_object(sizes: Sequence[int], footers: Sequence[bytes | None], fresh:
     `previous_starts`). The driver writes the magic and the merged footer."""
     bodies = bucket_pieces(PARQUET_FORMAT, sizes, fresh, previous_starts, previous_key,
                            lambda i: piece_of(PARQUET_FORMAT, i))
+    tail = _tail(sizes, footers, schema)
+    head = _driver_piece(MAGIC, "head", 0, staging, uploads)
+    end = _driver_piece(tail, "tail", len(sizes) + 1, staging, uploads)
+    parts: tuple[Path | Reuse | Sent, ...] = (head, *bodies, end)
+    return StagedFormat(PARQUET_FORMAT, parts, len(MAGIC) + sum(sizes) + len(tail))
+
+
+def _tail(sizes: Sequence[int], footers: Sequence[bytes | None], schema: pa.Schema) -> bytes:
+    """The object's end: the buckets' footers merged (each body placed after the ones before it),
+    the footer's length and the magic."""
     placed: list[tuple[bytes, int]] = []
     at = len(MAGIC)
     for size, footer in zip(sizes, footers, strict=True):
@@ -123,12 +133,13 @@ def parquet_object(sizes: Sequence[int], footers: Sequence[bytes | None], fresh:
                 raise RuntimeError("a bucket with parquet rows has no footer in the state")
             placed.append((footer, at))
         at += size
-    footer = merge_footers(placed) if placed else split_file(memoryview(parquet_bytes([], schema))).footer
-    tail = trailer(footer)
-    head = _driver_piece(MAGIC, "head", 0, staging, uploads)
-    end = _driver_piece(tail, "tail", len(sizes) + 1, staging, uploads)
-    parts: tuple[Path | Reuse | Sent, ...] = (head, *bodies, end)
-    return StagedFormat(PARQUET_FORMAT, parts, at + len(tail))
+    return trailer(merge_footers(placed) if placed else split_file(memoryview(parquet_bytes([], schema))).footer)
 
 
-__all__ = ["BucketParquet", "parquet_object", "piece_of", "piece_writer"]
+def object_size(sizes: Sequence[int], footers: Sequence[bytes | None], schema: pa.Schema) -> int:
+    """The size of the parquet object `parquet_object` makes of these buckets: how a re-base checks
+    that a destination holds the previous snapshot's object whole before copying ranges of it."""
+    return len(MAGIC) + sum(sizes) + len(_tail(sizes, footers, schema))
+
+
+__all__ = ["BucketParquet", "object_size", "parquet_object", "piece_of", "piece_writer"]

@@ -319,9 +319,11 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
         keys = previous_keys or {}
         untouched = [i for i in range(len(state.buckets)) if i not in build.written]
         wanted = (*piece_formats(fmts), *([PARQUET_FORMAT] if PARQUET_FORMAT in fmts else []))
+        regenerated = 0
         if previous is not None and any(f not in keys for f in wanted):
             state, again = regenerate(spark, state, untouched, pieces.staged, fmts, pieces.current(len(state.buckets)))
             build = StateBuild(state, build.written, {**build.blobs, **pieces.blobs(again)}, build.mode)
+            regenerated = len({int(r["bucket"]) for r in again})
         staged: dict[str, StagedFormat] = {}
         for fid in fmts:
             if fid in BYTE_FORMATS:
@@ -343,10 +345,11 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
     uploads = pieces.uploads
     built = BuiltArtifact("snapshot", None, to_position, state.rows, staged, truncated, time.monotonic() - started,
                           {"state": state, "base": base.describe(), "segments": len(segments), "mode": build.mode,
-                           "buckets": len(state.buckets), "rewritten": len(build.written)}, uploads, sidecars)
-    log.info("snapshot at %s (%s) from %s + %d segments: %d rows, %d of %d buckets written in %.2fs", to_position,
-             build.mode, base.describe(), len(segments), state.rows, len(build.written), len(state.buckets),
-             built.seconds)
+                           "buckets": len(state.buckets), "rewritten": len(build.written),
+                           "regenerated": regenerated}, uploads, sidecars)
+    log.info("snapshot at %s (%s) from %s + %d segments: %d rows, %d of %d buckets written (%d regenerated: no "
+             "previous object to copy from) in %.2fs", to_position, build.mode, base.describe(), len(segments),
+             state.rows, len(build.written), len(state.buckets), regenerated, built.seconds)
     return built
 
 
