@@ -538,7 +538,7 @@ class SnapshotStaging:
     paid only on an initial load or a re-sync.
     """
 
-    def __init__(self, row_group_rows: int = 65_536) -> None:
+    def __init__(self, row_group_rows: int) -> None:
         self._file: BinaryIO = tempfile.TemporaryFile()  # noqa: SIM115 - closed by copy_to/discard
         self._writer = pq.ParquetWriter(self._file, SCHEMA, compression=COMPRESSION)
         self._row_group_rows = row_group_rows
