@@ -70,7 +70,7 @@ import pyarrow.parquet as pq
 
 from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import ChangeEvent, Column, TableSchema
-from resources.subscribers.text_columns import encode_copies
+from resources.subscribers.text_columns import CellTyper, encode_copies
 from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow, TextValues
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import MalformedChange, carries_key, partial_image
@@ -273,9 +273,11 @@ _IMAGE_COLUMNS = ("old", "new", "old_key", "change_key", "old_change_key", "old_
 #: The column `with_images(..., records=True)` adds: each copied text row's protobuf snapshot
 #: record (`protobuf.snapshot_record` of its `new`), null for every other row.
 RECORD_COLUMN = pa.field("pb", pa.binary())
+#: The column `with_images(..., typed=...)` adds: each copied row's typed cells (`typed_copies`).
+TYPED_COLUMN = "columns"
 
 
-def with_images(batch: pa.RecordBatch, *, records: bool = False) -> pa.RecordBatch:
+def with_images(batch: pa.RecordBatch, *, records: bool = False, typed: CellTyper | None = None) -> pa.RecordBatch:
     """`batch` (buffer rows, `SCHEMA`) with the images and derived columns of its text rows filled
     in: for each, exactly what ingest would have written for the typed row. A copied row's image
     is encoded column by column (`text_columns.encode_copies`); a change's row is what
@@ -284,34 +286,41 @@ def with_images(batch: pa.RecordBatch, *, records: bool = False) -> pa.RecordBat
     where its JSON is, once, and never from a decoded row.
 
     This is where PostgreSQL's column text is typed and encoded (in the build's tasks, not on the
-    ingest path); rows that are already encoded pass through untouched.
+    ingest path); rows that are already encoded pass through untouched. With `typed`, the batch
+    also has `TYPED_COLUMN`: the typed cells `typed` makes of a copied row's JSON values (null
+    elsewhere, and where `typed` is not certain of them).
     """
     pb = pa.nulls(batch.num_rows, RECORD_COLUMN.type)
+    cells = pa.nulls(batch.num_rows, typed.type) if typed is not None else None
     if "codec" in batch.schema.names and batch.column("codec").null_count < batch.num_rows:
         codecs = batch.column("codec")
         copied = pc.and_(pc.is_valid(codecs), pc.equal(batch.column("action"), SNAPSHOT_ACTION)).fill_null(False)
         if pc.any(copied).as_py():
-            batch, pb = _copied_images(batch, copied, records)
+            batch, pb, cells = _copied_images(batch, copied, records, typed)
         if not pc.all(pc.or_(copied, pc.is_null(codecs))).as_py():
             batch = _change_images(batch, copied.to_pylist())
-    return batch.append_column(RECORD_COLUMN, pb) if records else batch
+    batch = batch.append_column(RECORD_COLUMN, pb) if records else batch
+    return batch.append_column(pa.field(TYPED_COLUMN, cells.type), cells) if cells is not None else batch
 
 
-def _copied_images(batch: pa.RecordBatch, copied: pa.Array, records: bool) -> tuple[pa.RecordBatch, pa.Array]:
+def _copied_images(batch: pa.RecordBatch, copied: pa.Array, records: bool,
+                   typed: CellTyper | None) -> tuple[pa.RecordBatch, pa.Array, pa.Array | None]:
     """`batch` with the `new` image of its copied text rows (`encode_text_snapshot_row`'s) filled,
-    and (with `records`) those rows' protobuf records, null elsewhere."""
+    and (with `records`) those rows' protobuf records, (with `typed`) their typed cells, null elsewhere."""
     codecs, images, keys = (batch.column(name).filter(copied) for name in ("codec", "new_text", "key"))
     distinct = pc.unique(codecs).to_pylist()
+    cells = None
     if len(distinct) == 1:  # the usual batch: one table shape
-        texts, pbs = encode_copies(RowCodec.from_text(distinct[0]), images, keys, records=records)
+        texts, pbs, cells = encode_copies(RowCodec.from_text(distinct[0]), images, keys, records=records,
+                                          typed=typed)
     else:
         text_out = np.empty(len(codecs), dtype=object)
         pb_out = np.full(len(codecs), None, dtype=object)
         for codec_text in distinct:
             mine = pc.equal(codecs, codec_text)
             at = np.flatnonzero(mine.to_numpy(zero_copy_only=False))
-            encoded, pb = encode_copies(RowCodec.from_text(codec_text), images.filter(mine), keys.filter(mine),
-                                        records=records)
+            encoded, pb, _ = encode_copies(RowCodec.from_text(codec_text), images.filter(mine),
+                                           keys.filter(mine), records=records)
             text_out[at] = encoded.to_pylist()
             if pb is not None:
                 pb_out[at] = pb.to_pylist()
@@ -321,7 +330,19 @@ def _copied_images(batch: pa.RecordBatch, copied: pa.Array, records: bool) -> tu
     records_column = pa.nulls(batch.num_rows, RECORD_COLUMN.type)
     if pbs is not None:
         records_column = pc.replace_with_mask(records_column, copied, pbs.cast(RECORD_COLUMN.type))
-    return batch.set_column(index, batch.schema.field(index), filled), records_column
+    cells_column = None
+    if typed is not None:  # rows of several shapes (cells is None) are typed by the JVM
+        cells_column = pa.nulls(batch.num_rows, typed.type) if cells is None else \
+            _spread(cells, copied)
+    return batch.set_column(index, batch.schema.field(index), filled), records_column, cells_column
+
+
+def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
+    """`values` (one per true of `where`) placed at the trues of `where`, null elsewhere."""
+    if pc.all(where).as_py():
+        return values
+    positions = pc.subtract(pc.cumulative_sum(pc.cast(where, pa.int64())), 1)
+    return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
 
 
 def _change_images(batch: pa.RecordBatch, copied: list[bool]) -> pa.RecordBatch:

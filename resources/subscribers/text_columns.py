@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -129,12 +129,30 @@ def _records_of(texts: pa.Array) -> pa.Array:
     return pa.array([snapshot_record(gojson.loads(text), ()) for text in texts.to_pylist()], pa.binary())
 
 
+class CellTyper(Protocol):
+    """Turns a batch's columns of Go-JSON values into typed cells (`typed_copies.CopyTyper`)."""
+
+    @property
+    def type(self) -> pa.DataType: ...
+
+    def __call__(self, names: Sequence[str], tokens: Sequence[pa.Array]) -> pa.Array: ...
+
+
+class Copies(NamedTuple):
+    """What `encode_copies` made of a batch of copied rows."""
+
+    texts: pa.Array  # each row's Go-JSON text
+    records: pa.Array | None  # each row's protobuf snapshot record (asked for)
+    cells: pa.Array | None  # each row's typed cells (asked for; null rows: none given)
+
+
 def encode_copies(codec: RowCodec, images: pa.ListArray, keys: pa.Array, *,
-                  records: bool = False) -> tuple[pa.Array, pa.Array | None]:
+                  records: bool = False, typed: CellTyper | None = None) -> Copies:
     """The Go-JSON text of each whole image in `images` (list<string>, table order), exactly
     `gojson.encode_row(codec.image(texts))`, and with `records` also each row's protobuf snapshot
     record, exactly `protobuf.snapshot_record` of that text decoded (`protobuf_columns`), built
-    from the same columns of JSON values. `keys` name the rows in an error."""
+    from the same columns of JSON values; with `typed`, the typed cells `typed` makes of those
+    columns (all null when the batch went row by row). `keys` name the rows in an error."""
     width = len(codec.names)
     if len(images) > 0 and width > 0 and images.null_count == 0 and \
             pc.all(pc.equal(pc.list_value_length(images), width)).as_py():
@@ -149,9 +167,11 @@ def encode_copies(codec: RowCodec, images: pa.ListArray, keys: pa.Array, *,
                 pieces.append(columns[j])
             pieces.append("}")
             texts = pc.binary_join_element_wise(*pieces, "")
-            return texts, snapshot_records(codec.names, columns) if records else None
+            return Copies(texts, snapshot_records(codec.names, columns) if records else None,
+                          typed(codec.names, columns) if typed is not None else None)
     texts = _row_by_row(codec, images, keys.to_pylist())
-    return texts, _records_of(texts) if records else None
+    return Copies(texts, _records_of(texts) if records else None,
+                  pa.nulls(len(texts), typed.type) if typed is not None else None)
 
 
 COPY_BLOCK_BYTES = 1 << 20
@@ -200,7 +220,8 @@ def copy_text_batches(path: str, width: int, block_bytes: int = COPY_BLOCK_BYTES
 
 def encode_images(codec: RowCodec, images: pa.ListArray, keys: pa.Array) -> pa.Array:
     """`encode_copies` without the records: the Go-JSON text of each whole image."""
-    return encode_copies(codec, images, keys)[0]
+    return encode_copies(codec, images, keys).texts
 
 
-__all__ = ["COPY_BLOCK_BYTES", "copy_text_batches", "encode_column", "encode_copies", "encode_images"]
+__all__ = ["COPY_BLOCK_BYTES", "CellTyper", "Copies", "copy_text_batches", "encode_column", "encode_copies",
+           "encode_images"]

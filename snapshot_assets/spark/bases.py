@@ -38,8 +38,10 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from resources.buffer.reader import BufferView, SegmentRef
+from resources.buffer.segments import TYPED_COLUMN
 from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Row
@@ -47,6 +49,7 @@ from snapshot_assets.archive.errors import CorruptArtifact
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.keys import key_json, typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
+from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.spark.effects import (
     NET_DDL,
     STATE_ARROW,
@@ -58,8 +61,10 @@ from snapshot_assets.spark.effects import (
     text_images,
 )
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
+from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, snapshot_arrow_schema, typed_columns
 from snapshot_assets.spark.remote_io import input_file, is_s3
-from snapshot_assets.spark.state import StateBase, encode_net
+from snapshot_assets.spark.state import StateBase, encode_copy, encode_net
+from snapshot_assets.spark.typed_copies import CopyTyper
 
 __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
            "StateBase", "choose_base", "latest_images", "rows_for", "write_delta"]
@@ -373,6 +378,22 @@ class BufferSnapshotBase:
         rows = read_window(spark, [self._snapshot_segment()], self.s3, records=self.records)
         record = "pb" if self.records else "CAST(NULL AS BINARY) AS pb"
         return rows.filter("action = 'SNAPSHOT'").selectExpr("key", "new AS row", f"{VERSION_SQL} AS ver", record)
+
+    def encoded(self, spark: SparkSession, key_fields: Sequence[str], formats: Sequence[str],
+                schema: RowSchema | None) -> DataFrame:
+        """`frame`'s rows as a full build buckets them (ROWS_DDL, and with parquet in `formats` the
+        typed `columns` of `schema`), encoded in one pass over the segment (`state.encode_copy`):
+        the copied rows' typed cells come from the values that encoded them (`typed_copies`); the
+        JVM types only the rows those kernels leave (`typed_columns(given=...)`)."""
+        rows = buffer_rows(spark, [self._snapshot_segment()], self.s3).filter("action = 'SNAPSHOT'") \
+            .withColumn("ver", F.expr(VERSION_SQL))
+        if PARQUET_FORMAT not in formats:
+            return encode_copy(rows, key_fields, formats, None)
+        if schema is None:
+            raise ValueError("typing a copy's rows for parquet needs the table's schema")
+        image = snapshot_arrow_schema(schema)
+        typer = CopyTyper(schema, pa.struct(list(image)))
+        return typed_columns(encode_copy(rows, key_fields, formats, typer), schema, given=TYPED_COLUMN)
 
     def census(self, spark: SparkSession, sample_rows: int = CENSUS_SAMPLE_ROWS) -> Census:
         """What a full build must know before it buckets the rows (`Census`), from the buffer's own

@@ -274,11 +274,20 @@ def with_image(frame: DataFrame, text: Column, schema: RowSchema, key: Column, i
 
 
 def typed_columns(frame: DataFrame, schema: RowSchema, *, text: str = "row", key: str = "key",
-                  into: str = "columns") -> DataFrame:
+                  into: str = "columns", given: str | None = None) -> DataFrame:
     """`frame` with the typed image of its Go-JSON column `text` added as the struct column `into`
     (the schema's columns and `__snapshotter_absent__`). Any action over it raises, through
-    `refusing_misfits`, a `SchemaMisfit` for a value that does not fit, naming the `key` column's value."""
-    return with_image(frame, _ref(text), schema, _ref(key), into)
+    `refusing_misfits`, a `SchemaMisfit` for a value that does not fit, naming the `key` column's value.
+
+    With `given` (a column of `frame` holding typed images already, e.g. `typed_copies`'), a row
+    whose `given` is not null keeps it and is not parsed here (its text is not read)."""
+    if given is None:
+        return with_image(frame, _ref(text), schema, _ref(key), into)
+    missing = F.when(_ref(given).isNull(), _ref(text))
+    scratch = "__typed_" + into
+    typed = with_image(frame, missing, schema, _ref(key), scratch)
+    return typed.withColumn(into, F.coalesce(_ref(given), _ref(scratch))) \
+        .drop(*{scratch, given} - {into})
 
 
 @contextmanager

@@ -144,18 +144,20 @@ def _incremental_base(base: Base, fields: tuple[str, ...], formats: Sequence[str
 
 def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], formats: Sequence[str], pool: Location,
           pieces: _Pieces, state_dir: Location, position: str, bucket_bytes: int,
-          schema: RowSchema | None, census: Census | None = None) -> StateBuild:
-    """Type, encode and bucket every row of `table`. Without a `census`, `table` is read three times
-    (its count and size, a sample of its keys, its rows): it must be cheap to read again."""
+          schema: RowSchema | None, census: Census | None = None, encoded: DataFrame | None = None) -> StateBuild:
+    """Type, encode and bucket every row of `table` (or, given, of `encoded`: its rows encoded and
+    typed already, with the `census` they were counted in). Without a `census`, `table` is read
+    three times (its count and size, a sample of its keys, its rows): it must be cheap to read again."""
     if census is None:
         stats = table.selectExpr("count(*) AS n", "coalesce(sum(octet_length(row) + 1), 0) AS b").collect()[0]
         census = Census(int(stats["n"]), int(stats["b"]), table)
     rows = census.rows
     bounds = sample_bounds(census.keys, bucket_count(rows, census.jsonl_bytes, bucket_bytes), rows)
-    encoded = encode_rows(table, fields, formats)
-    if "parquet" in formats:  # the typed columns, once per row as it enters; the schema once per epoch
-        schema = schema or infer_row_schema(table)
-        encoded = typed_columns(encoded, schema)
+    if encoded is None:
+        encoded = encode_rows(table, fields, formats)
+        if "parquet" in formats:  # the typed columns, once per row as it enters; the schema once per epoch
+            schema = schema or infer_row_schema(table)
+            encoded = typed_columns(encoded, schema)
     uploads = pieces.begin(len(bounds) + 1)
     reports = write_buckets(encoded, bounds, range(len(bounds) + 1), pool, pieces.staged, formats, uploads,
                             block_bytes_for(bucket_bytes), parquet=_parquet_schema(formats, schema))
@@ -383,16 +385,17 @@ def _state_build(spark: SparkSession, base: Base, segments: Sequence[SegmentRef]
                       bucket_bytes, build.state.schema)
     elif build is None:
         table, truncated = advance(spark, base, segments, fields, partitions=width, scratch=scratch, s3=buffer_s3)
-        census = None
+        census, encoded = None, None
         if isinstance(base, BufferSnapshotBase) and not segments and (schema is not None or "parquet" not in fmts):
             # A copy (initial load, re-sync): counted and sampled from the buffer's own columns, so
             # its rows are typed and encoded once, in the pass that buckets them
-            census = base.census(spark)
+            census, encoded = base.census(spark), base.encoded(spark, fields, fmts, schema)
         else:
             # `_full` reads the table three times (its size, the bucket sample, the buckets); from the
             # buffer each read would compute the rows' images in Python tasks again, and fold the window
             table = materialize(table, scratch / "table")
-        build = _full(spark, table, fields, fmts, pool, pieces, state_path, to_position, bucket_bytes, schema, census)
+        build = _full(spark, table, fields, fmts, pool, pieces, state_path, to_position, bucket_bytes, schema, census,
+                      encoded)
     previous = layered.state if layered is not None and build.mode == "incremental" else None
     return build, previous, truncated
 

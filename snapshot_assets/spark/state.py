@@ -47,7 +47,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
+from resources.buffer.segments import RECORD_COLUMN, TYPED_COLUMN, with_images
 from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive.errors import EncodeError
 from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
@@ -66,10 +68,11 @@ from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
 from snapshot_assets.spark.effects import NET_DDL, STATE_ARROW, decode_row
 from snapshot_assets.spark.locations import Location
-from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, refusing_misfits
+from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, image_type, refusing_misfits
 from snapshot_assets.spark.parquet_pieces import BucketParquet, piece_writer
 from snapshot_assets.spark.pieces import Uploads
 from snapshot_assets.spark.remote_io import input_file, read_parquet_files
+from snapshot_assets.spark.typed_copies import CopyTyper
 
 STATE_MARKER = "_snapshotter_state.json"
 STATE_VERSION = 4  # 4: buckets keep their parquet piece's footer (a state of 3 has none: one full build writes them)
@@ -146,6 +149,37 @@ def encode_rows(frame: DataFrame, key_fields: Sequence[str], formats: Sequence[s
     encoded = frame.select(*STATE_ARROW.names).mapInArrow(func, "key STRING, row STRING, ver STRING, sk BINARY, "
                                                                 "pb BINARY")
     return encoded.select("key", "sk", "row", "pb", "ver")
+
+
+def encode_copy(rows: DataFrame, key_fields: Sequence[str], formats: Sequence[str],
+                typer: CopyTyper | None) -> DataFrame:
+    """A copy's buffer rows (a snapshot segment's, with their `ver`) -> ROWS_DDL in one Python pass:
+    each copied row's Go-JSON text, protobuf record and sort key, and (with `typer`) its typed
+    cells as `TYPED_COLUMN` (null where `typer` is not certain: `typed_columns(given=...)` types
+    those). One pass, because each pass sends the table's bytes to Python and back."""
+    func = functools.partial(_copy_batches, key_fields=tuple(key_fields), protobuf="protobuf" in formats,
+                             typer=typer)
+    out = StructType.fromDDL(ROWS_DDL)
+    assert isinstance(out, StructType)
+    if typer is not None:
+        out = out.add(TYPED_COLUMN, image_type(typer.schema))
+    return rows.mapInArrow(func, out)
+
+
+def _copy_batches(batches: Iterable[Any], key_fields: tuple[str, ...], protobuf: bool,
+                  typer: CopyTyper | None) -> Iterator[Any]:
+    for batch in batches:
+        read = with_images(batch, records=protobuf, typed=typer)
+        rows = pa.RecordBatch.from_arrays(
+            [read.column("key"), read.column("new"), read.column("ver"),
+             read.column(RECORD_COLUMN.name) if protobuf else pa.nulls(read.num_rows, pa.binary())],
+            names=["key", "row", "ver", "pb"])
+        encoded = _encoded(rows, key_fields, protobuf, "row")
+        columns = [encoded.column(name) for name in ("key", "sk", "row", "pb", "ver")]
+        if typer is not None:
+            columns.append(read.column(TYPED_COLUMN))
+        yield pa.RecordBatch.from_arrays(columns, names=["key", "sk", "row", "pb", "ver",
+                                                         *([TYPED_COLUMN] if typer is not None else [])])
 
 
 def encode_net(net: DataFrame, key_fields: Sequence[str], formats: Sequence[str]) -> DataFrame:

@@ -92,8 +92,8 @@ def test_a_batch_of_rows_is_encoded_as_the_typed_path_encodes_each_row(data: Any
     codec = RowCodec(tuple(names), tuple(specs), (names[0],))
     rows = data.draw(st.lists(st.tuples(*(st.none() | _SPEC_TEXTS[s] for s in specs)), min_size=1, max_size=12))
     keys = [f"[{i}]" for i in range(len(rows))]
-    encoded, records = encode_copies(codec, pa.array([list(r) for r in rows], pa.list_(pa.string())),
-                                     pa.array(keys), records=True)
+    encoded, records, _ = encode_copies(codec, pa.array([list(r) for r in rows], pa.list_(pa.string())),
+                                        pa.array(keys), records=True)
     assert encoded.to_pylist() == [gojson.encode_row(codec.image(r), lambda: "") for r in rows]
     # the protobuf records: what the state's per-row path makes of that very text
     assert records is not None
