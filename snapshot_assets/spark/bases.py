@@ -43,6 +43,7 @@ from pyspark.sql import functions as F
 from resources.buffer.reader import BufferView, SegmentRef
 from resources.buffer.segments import TYPED_COLUMN
 from resources.destinations.s3 import S3Connection
+from resources.subscribers.text_rows import RowCodec
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Row
 from snapshot_assets.archive.errors import CorruptArtifact
@@ -58,7 +59,6 @@ from snapshot_assets.spark.effects import (
     buffer_rows,
     encode_row,
     read_window,
-    text_images,
 )
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
 from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, snapshot_arrow_schema, typed_columns
@@ -347,8 +347,15 @@ class ArtifactBase:
         return f"{self.format_id} snapshot at {self.position} ({len(self.paths)} file(s))"
 
 
-CENSUS_SAMPLE_ROWS = 4096  # rows whose encoded lines estimate a copy's jsonl size (`Census.jsonl_bytes`)
-CENSUS_SEED = 7
+_UNQUOTED_SPECS = frozenset({"int", "float", "bool", "json"})  # a value JSON does not quote (mostly)
+
+
+def line_overhead(codec: RowCodec) -> int:
+    """What a copied row's jsonl line adds to its columns' texts: braces, names, colons, commas, the
+    newline and the quotes of string values (an estimate of `Census.jsonl_bytes`, not a rule)."""
+    names = sum(len(gojson.quote(name).encode("utf-8")) + 2 for name in codec.names)
+    quotes = 2 * sum(spec not in _UNQUOTED_SPECS for spec in codec.specs)
+    return names + quotes + 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,18 +402,21 @@ class BufferSnapshotBase:
         typer = CopyTyper(schema, pa.struct(list(image)))
         return typed_columns(encode_copy(rows, key_fields, formats, typer), schema, given=TYPED_COLUMN)
 
-    def census(self, spark: SparkSession, sample_rows: int = CENSUS_SAMPLE_ROWS) -> Census:
-        """What a full build must know before it buckets the rows (`Census`), from the buffer's own
-        columns: the count and the keys as stored, and the jsonl size from the lines of a sample of
-        about `sample_rows` rows. Only the sample is typed and encoded here; `frame`'s rows are
-        encoded once, by the build itself."""
+    def census(self, spark: SparkSession) -> Census:
+        """What a full build must know before it buckets the rows (`Census`), in one aggregation
+        over the buffer's own columns, without Python: the count, the keys as stored, and the jsonl
+        size estimated from the copied texts' bytes plus each line's punctuation and names
+        (`line_overhead`; an encoded row's line where the buffer holds one). The estimate only sets
+        the bucket count; `encoded`'s pass encodes each row once, for the build itself."""
         stored = buffer_rows(spark, [self._snapshot_segment()], self.s3).filter("action = 'SNAPSHOT'")
-        rows = stored.count()
-        fraction = min(1.0, sample_rows / rows) if rows else 1.0
-        sampled = text_images(stored.sample(fraction=fraction, seed=CENSUS_SEED)).selectExpr(
-            "count(*) AS n", "coalesce(sum(octet_length(new) + 1), 0) AS b").collect()[0]
-        n, sampled_bytes = int(sampled["n"]), int(sampled["b"])
-        return Census(rows, round(sampled_bytes * rows / n) if n else 0, stored.select("key"))
+        groups = stored.groupBy("codec").agg(
+            F.count(F.lit(1)).alias("n"),
+            F.coalesce(F.sum(F.when(F.col("codec").isNull(), F.octet_length("new") + 1)
+                             .otherwise(F.octet_length(F.array_join("new_text", "")))), F.lit(0)).alias("b")).collect()
+        rows = sum(int(g["n"]) for g in groups)
+        size = sum(int(g["b"]) + (int(g["n"]) * line_overhead(RowCodec.from_text(g["codec"])) if g["codec"] else 0)
+                   for g in groups)
+        return Census(rows, size, stored.select("key"))
 
     def _snapshot_segment(self) -> SegmentRef:
         if self.segment.kind != "snapshot":
