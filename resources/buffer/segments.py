@@ -273,7 +273,8 @@ _IMAGE_COLUMNS = ("old", "new", "old_key", "change_key", "old_change_key", "old_
 #: The column `with_images(..., records=True)` adds: each copied text row's protobuf snapshot
 #: record (`protobuf.snapshot_record` of its `new`), null for every other row.
 RECORD_COLUMN = pa.field("pb", pa.binary())
-#: The column `with_images(..., typed=...)` adds: each copied row's typed cells (`typed_copies`).
+#: The typed parquet cells' struct column, wherever rows carry it: what `with_images(..., typed=...)`
+#: adds (each copied row's cells, `typed_copies`), `typed_columns` writes and the bucket tasks read.
 TYPED_COLUMN = "columns"
 
 

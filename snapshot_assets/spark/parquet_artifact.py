@@ -64,6 +64,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from resources.buffer.segments import TYPED_COLUMN
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.errors import EncodeError
 from snapshot_assets.archive.formats.parquet import SPARK_SCHEMA_KEY, typed_value
@@ -274,7 +275,7 @@ def with_image(frame: DataFrame, text: Column, schema: RowSchema, key: Column, i
 
 
 def typed_columns(frame: DataFrame, schema: RowSchema, *, text: str = "row", key: str = "key",
-                  into: str = "columns", given: str | None = None) -> DataFrame:
+                  into: str = TYPED_COLUMN, given: str | None = None) -> DataFrame:
     """`frame` with the typed image of its Go-JSON column `text` added as the struct column `into`
     (the schema's columns and `__snapshotter_absent__`). Any action over it raises, through
     `refusing_misfits`, a `SchemaMisfit` for a value that does not fit, naming the `key` column's value.

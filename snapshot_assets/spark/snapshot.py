@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from resources.buffer.reader import SegmentRef
+from resources.buffer.segments import TYPED_COLUMN
 from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive import versions
 from snapshot_assets.archive.formats import get_format
@@ -224,12 +225,12 @@ def _regenerate_task(batches: Iterable[Any], staging: str | None, formats: tuple
             typed = None if parquet is None else BucketParquet(bucket, parquet, stage, uploads)
             try:
                 with input_file(path, s3) as source:
-                    wanted = ["row", "pb", "ver", *(["columns"] if typed is not None else [])]
+                    wanted = ["row", "pb", "ver", *([TYPED_COLUMN] if typed is not None else [])]
                     for rows in pq.ParquetFile(source).iter_batches(batch_size=65536, columns=wanted):
                         for fid, out in outs.items():
                             out.stream.write(piece_bytes(rows, fid))
                         if typed is not None:
-                            typed.add(rows.column("columns"))
+                            typed.add(rows.column(TYPED_COLUMN))
             except BaseException:
                 for out in outs.values():
                     out.abort()

@@ -331,7 +331,7 @@ class _BucketOut:
         for fid, piece in self._pieces.items():
             piece.stream.write(piece_bytes(rows, fid))
         if self._parquet is not None:
-            self._parquet.add(rows.column("columns"))
+            self._parquet.add(rows.column(TYPED_COLUMN))
 
     def close(self) -> list[_Report]:
         self._writer.close()
@@ -477,7 +477,7 @@ def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: Sequence
                              token=uuid.uuid4().hex[:12], formats=byte_formats, uploads=uploads,
                              block_bytes=block_bytes, stored=stored, s3=None if into is None else into.s3,
                              parquet=parquet)
-    typed = ["columns"] if "columns" in encoded.columns else []
+    typed = [TYPED_COLUMN] if TYPED_COLUMN in encoded.columns else []
     frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb", "ver", *typed)
     frame = frame.selectExpr("*", f"{bucket_placement(touched)} AS task").repartition(max(1, len(set(touched))), "task")
     frame = frame.drop("task").sortWithinPartitions("bucket", "sk")
