@@ -23,13 +23,13 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from resources.destinations.base import PutResult
 from resources.destinations.local import CHUNK_SIZE, DIR_MODE, FILE_MODE, RESERVED_PREFIX, LocalDestination
 from resources.destinations.multipart import (
     CopyRange,
     MultipartError,
+    PartData,
     PartReceipt,
     check_numbers,
     check_part_number,
@@ -67,9 +67,9 @@ def copy_range(src: int, dst: int, start: int, length: int, dst_start: int, wher
         done += len(chunk)
 
 
-def _as_stream(data: BinaryIO | bytes) -> Iterator[bytes]:
-    if isinstance(data, bytes | bytearray | memoryview):
-        yield bytes(data)
+def _as_stream(data: PartData) -> Iterator[bytes | bytearray]:
+    if isinstance(data, bytes | bytearray):
+        yield data  # as it is: a merged part's buffer is not copied again
         return
     while chunk := data.read(CHUNK_SIZE):
         yield chunk
@@ -133,7 +133,7 @@ class LocalUpload:
         stat = self._part(number).stat()
         return PartReceipt(number, stat.st_size, f"{stat.st_ino}-{stat.st_mtime_ns}")
 
-    def write_part(self, number: int, data: BinaryIO | bytes) -> PartReceipt:
+    def write_part(self, number: int, data: PartData) -> PartReceipt:
         with self._new_part(number) as fd, open(fd, "wb", closefd=False) as out:
             for chunk in _as_stream(data):
                 out.write(chunk)

@@ -23,6 +23,7 @@ waits on S3 while it copies, so a re-base of many buckets is bound by those wait
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ GiB = 1024 * MiB
 MIN_PART_SIZE = 5 * MiB  # S3's floor for every part but the last
 MAX_PART_SIZE = 5 * GiB  # S3's ceiling for one part (UploadPart and UploadPartCopy)
 MAX_PARTS = 10_000  # S3's ceiling on part numbers
+
+PartData = BinaryIO | bytes | bytearray
+"""What a part is written from: a stream read to its end, or bytes (a merged part's buffer is a bytearray)."""
 
 
 class MultipartError(DestinationError):
@@ -76,7 +80,7 @@ class MultipartUpload(Protocol):
         """The URI the object will have once completed."""
         ...
 
-    def write_part(self, number: int, data: BinaryIO | bytes) -> PartReceipt:
+    def write_part(self, number: int, data: PartData) -> PartReceipt:
         """Store `data` (a stream read to its end, or bytes) as part `number`."""
         ...
 
@@ -326,9 +330,42 @@ def _read_all(data: BinaryIO | bytes) -> bytes:
         return data.read()
 
 
+MERGES_IN_MEMORY = 2
+"""How many merged parts one process holds in memory at once, whatever the threads writing a plan.
+
+Why: a merged part (under 2 * MIN_PART_SIZE) is the only thing a plan holds in memory, and a
+snapshot whose buckets are just under MIN_PART_SIZE (parquet at about 10M rows) is nothing but
+merged parts. With every thread of `write_plan` (8) merging at once, the run process grew by
+about 190 MiB while it assembled such an object; a table twice as big would not have grown it
+further, but a process that must stay flat as tables grow cannot spend that on eight buffers.
+Copies and lone fresh parts, which hold no bytes here, keep every thread."""
+
+_merge_slots = threading.BoundedSemaphore(MERGES_IN_MEMORY)
+
+
+def _merged(upload: MultipartUpload, part: PlannedPart, supply: Callable[[FreshSlice], BinaryIO | bytes]) -> bytearray:
+    """The bytes of a part made of several segments, read into one buffer of the part's size."""
+    body = bytearray(part.size)
+    at = 0
+    for s in part.segments:
+        chunk = upload.read_range(s.key, s.start, s.length) if isinstance(s, CopyRange) else _read_all(supply(s))
+        end = at + len(chunk)
+        if end > part.size:
+            raise MultipartError(f"{upload.uri()}: part {part.number} should hold {part.size} bytes, its segments "
+                                 f"gave more than that")
+        body[at:end] = chunk
+        at = end
+        del chunk  # before the next segment is read: a part in memory is its buffer and one segment
+    if at != part.size:
+        raise MultipartError(f"{upload.uri()}: part {part.number} should hold {part.size} bytes, its segments "
+                             f"gave {at}")
+    return body
+
+
 def write_planned(upload: MultipartUpload, part: PlannedPart, fresh: FreshSource | None = None) -> PartReceipt:
     """Write one planned part: a lone range by server-side copy, a lone fresh slice streamed from
-    `fresh`, a mixed part (under 2 * MIN_PART_SIZE) assembled in memory from its segments."""
+    `fresh`, a mixed part (under 2 * MIN_PART_SIZE) assembled in memory from its segments, at most
+    MERGES_IN_MEMORY of them at a time in this process."""
     copy = part.copy
     if copy is not None:
         return upload.copy_part(part.number, copy.key, copy.start, copy.length)
@@ -343,12 +380,8 @@ def write_planned(upload: MultipartUpload, part: PlannedPart, fresh: FreshSource
         only = part.segments[0]
         assert isinstance(only, FreshSlice)  # a lone CopyRange returned above
         return upload.write_part(part.number, supply(only))
-    body = b"".join(upload.read_range(s.key, s.start, s.length) if isinstance(s, CopyRange) else _read_all(supply(s))
-                    for s in part.segments)
-    if len(body) != part.size:
-        raise MultipartError(f"{upload.uri()}: part {part.number} should hold {part.size} bytes, its segments "
-                             f"gave {len(body)}")
-    return upload.write_part(part.number, body)
+    with _merge_slots:
+        return upload.write_part(part.number, _merged(upload, part, supply))
 
 
 def write_plan(upload: MultipartUpload, plan: Sequence[PlannedPart], fresh: FreshSource | None = None, *,

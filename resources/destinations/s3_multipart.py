@@ -25,6 +25,7 @@ from resources.destinations.multipart import (
     CopyRange,
     MiB,
     MultipartError,
+    PartData,
     PartReceipt,
     check_numbers,
     check_part_number,
@@ -51,6 +52,12 @@ def _client_for(connection: S3Connection, component: str) -> S3Client:
         if client is None:
             client = _clients[connection] = connection.client(component)
         return client
+
+
+def _blob(body: PartData) -> bytes | BinaryIO:
+    """`body` as boto3's stubs type a blob: botocore takes a bytearray as it is (no copy), the stubs
+    only name bytes."""
+    return cast(bytes, body) if isinstance(body, bytearray) else body
 
 
 @dataclass
@@ -93,22 +100,23 @@ class S3Upload:
                 "NoSuchKey", "InvalidArgument", "404") else DestinationError
             raise error(f"{what}{at}: {_describe(exc)}") from exc
 
-    def write_part(self, number: int, data: BinaryIO | bytes) -> PartReceipt:
+    def write_part(self, number: int, data: PartData) -> PartReceipt:
         check_part_number(number, self._where())
         with self._body(data) as (body, size):
             if size > MAX_PART_SIZE:
                 raise MultipartError(f"{self._where(number)}: {size} bytes exceed the {MAX_PART_SIZE}-byte maximum")
             with self._errors(self._where(number)):
                 etag = self.client.upload_part(Bucket=self.bucket, Key=self.prefix + self.key, UploadId=self.upload_id,
-                                               PartNumber=number, Body=body)["ETag"]
+                                               PartNumber=number, Body=_blob(body))["ETag"]
         return PartReceipt(number, size, etag)
 
     @staticmethod
     @contextlib.contextmanager
-    def _body(data: BinaryIO | bytes) -> Iterator[tuple[BinaryIO | bytes, int]]:
-        """bytes as they are; a stream spooled (memory, then the local temp dir) so its length is known."""
-        if isinstance(data, bytes | bytearray | memoryview):
-            yield bytes(data), len(data)
+    def _body(data: PartData) -> Iterator[tuple[PartData, int]]:
+        """bytes as they are (a merged part's buffer is not copied again); a stream spooled (memory,
+        then the local temp dir) so its length is known."""
+        if isinstance(data, bytes | bytearray):
+            yield data, len(data)
             return
         with tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY) as spool:
             while chunk := data.read(MiB):

@@ -10,12 +10,14 @@ import os
 import pickle
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from resources.destinations.base import Destination, DestinationError
 from resources.destinations.multipart import (
+    MERGES_IN_MEMORY,
     MIN_PART_SIZE,
     Assembling,
     CopyRange,
@@ -246,3 +248,23 @@ def test_a_plan_of_fresh_pieces_and_ranges_executes_to_the_pieces_concatenated(d
 
     again = write_plan(begin(dest, "again.jsonl"), plan, supply, threads=4)  # parts in flight together
     assert again.size == len(expected) and _data(dest, "again.jsonl") == expected
+
+
+def test_a_plan_of_merged_parts_holds_only_a_few_of_them_in_memory_however_many_threads_write(
+        dest: Destination) -> None:
+    """A snapshot whose bucket pieces are all under S3's floor is nothing but merged parts (parquet at
+    about 10M rows): the process that completes it must not hold one buffer per thread."""
+    piece = 3 * MiB  # two pieces make a part of 6 MiB
+    upload = begin(dest, "merged.parquet")
+    pieces = [upload.stage(f"piece-{i:05d}", _blob(piece, 20 + i)) for i in range(16)]
+    plan = plan_parts(pieces)
+    assert len(plan) == 8 and all(len(part.segments) == 2 for part in plan)
+    tracemalloc.start()
+    try:
+        write_plan(upload, plan, threads=8)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    held = MERGES_IN_MEMORY * (2 * piece + piece)  # a part's buffer and the segment being copied into it
+    assert peak < held + 4 * MiB, f"{peak / MiB:.1f} MiB held while merging, at most {held / MiB:.0f} expected"
+    assert _data(dest, "merged.parquet") == b"".join(_blob(piece, 20 + i) for i in range(16))
