@@ -98,6 +98,9 @@ class MeasuringSpark:
         self.deadline = time.monotonic() + budget_s
         self.unavailable = ""
         self._runtime: Any = None
+        self._lock = threading.Lock()
+        self._measuring = False
+        self._closed = False
 
     def _session(self) -> Any:
         if self._runtime is None:
@@ -123,7 +126,14 @@ class MeasuringSpark:
                 outcome["size"] = SparkDiffSize(self._session(), pipe)(from_position, to_position)
             except Exception as e:  # handed to the tick below
                 outcome["error"] = e
+            finally:
+                with self._lock:
+                    self._measuring = False
+                    if self._closed:  # the tick ended while this ran past its budget
+                        self._stop()
 
+        with self._lock:
+            self._measuring = True
         worker = threading.Thread(target=work, name=f"measure-{pipe.name}", daemon=True)
         worker.start()
         worker.join(max(0.0, self.deadline - time.monotonic()))
@@ -135,7 +145,16 @@ class MeasuringSpark:
         return int(outcome["size"])
 
     def close(self) -> None:
-        if self._runtime is not None and not self.unavailable:
+        """End the session, now or, when a measurement still runs past the budget, as soon as it
+        ends: the tick must not wait on it, and the session it opens must not outlive the tick
+        (it would stay the process's default session, in connect mode)."""
+        with self._lock:
+            self._closed = True
+            if not self._measuring:
+                self._stop()
+
+    def _stop(self) -> None:
+        if self._runtime is not None:
             self._runtime.stop()
         self._runtime = None
 

@@ -274,10 +274,17 @@ def open_spark(config: SparkConfig | None = None, *, state_dir: Path | str = DEF
         _local_python()
         joined = _running_context()
         spark = make_session(plan.settings)
-    if ship_code and plan.ships_code:
-        ship_project_code(spark, connect=plan.mode == "connect")
     runtime = SparkRuntime(spark, plan.mode, time.monotonic() - started, plan.note,
                            owned=plan.mode.startswith("connect") or not joined)
+    if ship_code and plan.ships_code:
+        try:
+            ship_project_code(spark, connect=plan.mode == "connect")
+        except BaseException:
+            # `create` made it the process's default session, which pyspark's `getOrCreate` (what
+            # dagster-pyspark's builder calls) hands out whatever URL it is asked for.
+            runtime.stop()
+            raise
+        runtime.startup_s = time.monotonic() - started
     log.info("Spark session ready in %.2fs (%s%s)", runtime.startup_s, runtime.mode,
              f": {runtime.note}" if runtime.note else "")
     return runtime

@@ -9,7 +9,7 @@ loopback, the table a real ingested buffer.
 from __future__ import annotations
 
 import logging
-import socket
+import threading
 import time
 
 import pytest
@@ -18,6 +18,7 @@ from snapshot_assets.config import SnapshotterConfig, SparkConfig
 from snapshot_assets.pipeline.diff_size import MeasuringSpark, diff_size
 from snapshot_assets.tables import pipeline
 from tests.sensors.conftest import USERS, ingest
+from tests.spark.conftest import assert_no_connect_session_left, closed_endpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
 
@@ -26,9 +27,7 @@ STAND_IN = (f"{USERS}: cannot measure the pending diff with Spark ({{error}}); t
 
 
 def unanswering() -> SparkConfig:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return SparkConfig(remote=f"sc://127.0.0.1:{s.getsockname()[1]}")
+    return SparkConfig(remote=closed_endpoint())
 
 
 def test_an_unanswering_spark_fails_the_measurement_in_seconds_and_the_buffer_bytes_stand_in(
@@ -62,3 +61,8 @@ def test_a_spent_budget_answers_at_once_with_the_buffer_bytes(
         spark.close()
     error = "TimeoutError: no measurement within the tick's budget of 0s"
     assert caplog.text.count(STAND_IN.format(error=error)) == 2
+    # The measurement left behind ends by itself (bounded retries) and takes its session with it.
+    for worker in [t for t in threading.enumerate() if t.name.startswith("measure-")]:
+        worker.join(60)
+        assert not worker.is_alive()
+    assert_no_connect_session_left()

@@ -8,6 +8,8 @@ exactly the files production writes. Oracles are the single-process archive code
 from __future__ import annotations
 
 import io
+import os
+import socket
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import TypedKey, typed_key
 from snapshot_assets.spark.effects import buffer_change
 from snapshot_assets.spark.parts import StagedFormat
-from snapshot_assets.spark.session import LOCAL_DEFAULTS, SESSION_DEFAULTS, classic_session
+from snapshot_assets.spark.session import CONNECT_MODE, LOCAL_DEFAULTS, SESSION_DEFAULTS, classic_session
 from tests.buffer.helpers import read_refs
 from tests.spark.cluster import cluster_spark, spark_cluster  # noqa: F401 - standalone-cluster fixtures (cluster.py)
 
@@ -136,6 +138,22 @@ def change_multiset(changes: Sequence[Change]) -> list[tuple[str, str, Any, Any]
         return "" if row is None else gojson.encode_row(dict(row), lambda: "")
 
     return sorted((c.action.value, c.key, text(c.old), text(c.new)) for c in changes)
+
+
+def closed_endpoint() -> str:
+    """A Spark Connect URL where nothing listens (a port just freed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"sc://127.0.0.1:{s.getsockname()[1]}"
+
+
+def assert_no_connect_session_left() -> None:
+    """This process holds no Spark Connect session and is not in connect mode: a failed or abandoned
+    session did not become what the next builder hands out."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    assert CONNECT_MODE not in os.environ
+    assert ConnectSession.getActiveSession() is None and ConnectSession._get_default_session() is None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

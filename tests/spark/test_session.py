@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import subprocess
@@ -16,6 +17,7 @@ from resources.subscribers.generator import KEY_FIELDS
 from snapshot_assets.archive.algebra import apply
 from snapshot_assets.archive.changes import Action
 from snapshot_assets.config import SparkConfig
+from snapshot_assets.pipeline.diff_size import bound_retries
 from snapshot_assets.spark import connect_server
 from snapshot_assets.spark import session as session_module
 from snapshot_assets.spark.bases import LayeredBase, choose_base
@@ -27,9 +29,16 @@ from snapshot_assets.spark.connect_server import (
 )
 from snapshot_assets.spark.diff import build_diff
 from snapshot_assets.spark.effects import decode_row
-from snapshot_assets.spark.session import CONNECT_MODE, open_spark, warm_local_server
+from snapshot_assets.spark.session import CONNECT_MODE, open_spark, session_from_settings, warm_local_server
 from snapshot_assets.spark.snapshot import build_snapshot
-from tests.spark.conftest import ALL_FORMATS, by_key, generate, read_parts
+from tests.spark.conftest import (
+    ALL_FORMATS,
+    assert_no_connect_session_left,
+    by_key,
+    closed_endpoint,
+    generate,
+    read_parts,
+)
 
 
 def test_server_command_uses_the_bundled_jars_only() -> None:
@@ -51,6 +60,20 @@ def test_fallback_to_a_classic_session_when_the_server_cannot_start(
     assert runtime.mode == "classic-local" and "java exploded" in runtime.note
     assert "java exploded" in caplog.text
     assert runtime.spark.range(3).count() == 3  # the suite's classic session, reused
+
+
+def test_a_session_that_cannot_receive_the_project_code_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Else it stays the process's default session: the next run's builder (pyspark's `getOrCreate`)
+    gets it, whatever URL it asks for, and connect mode sends a classic builder to Connect."""
+    def refuse(*_: object, **__: object) -> None:
+        raise RuntimeError("artifacts refused")
+
+    monkeypatch.delenv(CONNECT_MODE, raising=False)
+    monkeypatch.setattr(session_module, "ship_project_code", refuse)
+    with pytest.raises(RuntimeError, match="artifacts refused"):  # the session is made, nothing reaches it
+        open_spark(SparkConfig(remote=closed_endpoint()),
+                   make_session=functools.partial(session_from_settings, before_first_call=bound_retries))
+    assert_no_connect_session_left()
 
 
 def test_a_runtime_that_joined_a_running_classic_session_leaves_it_running(spark: Any, tmp_path: Path) -> None:
