@@ -343,7 +343,7 @@ Copies and lone fresh parts, which hold no bytes here, keep every thread."""
 _merge_slots = threading.BoundedSemaphore(MERGES_IN_MEMORY)
 
 
-def _merged(upload: MultipartUpload, part: PlannedPart, supply: Callable[[FreshSlice], BinaryIO | bytes]) -> bytearray:
+def _merged(upload: MultipartUpload, part: PlannedPart, supply: FreshSource) -> bytearray:
     """The bytes of a part made of several segments, read into one buffer of the part's size."""
     body = bytearray(part.size)
     at = 0
