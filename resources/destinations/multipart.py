@@ -23,6 +23,7 @@ waits on S3 while it copies, so a re-base of many buckets is bound by those wait
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -331,16 +332,28 @@ def _read_all(data: BinaryIO | bytes) -> bytes:
 
 
 MERGES_IN_MEMORY = 2
-"""How many merged parts one process holds in memory at once, whatever the threads writing a plan.
+"""How many threads of one process build merged parts: the parts it holds in memory at once.
 
 Why: a merged part (under 2 * MIN_PART_SIZE) is the only thing a plan holds in memory, and a
 snapshot whose buckets are just under MIN_PART_SIZE (parquet at about 10M rows) is nothing but
-merged parts. With every thread of `write_plan` (8) merging at once, the run process grew by
-about 190 MiB while it assembled such an object; a table twice as big would not have grown it
-further, but a process that must stay flat as tables grow cannot spend that on eight buffers.
-Copies and lone fresh parts, which hold no bytes here, keep every thread."""
+merged parts. Built by whichever of `write_plan`'s 8 threads wrote the part, the run process grew
+by about 190 MiB while it assembled such an object, and bounding how many merged at once did not
+shrink it: glibc raises its mmap threshold once a buffer this big is freed, so later buffers come
+from the allocating thread's own arena, which keeps the memory. Eight threads, eight arenas of
+about 20 MiB. Two dedicated threads keep two (about 40 MiB, whatever the table or the number of
+uploads); copies and lone fresh parts, which hold no bytes here, keep every thread."""
 
-_merge_slots = threading.BoundedSemaphore(MERGES_IN_MEMORY)
+_mergers: tuple[int, ThreadPoolExecutor] | None = None
+_mergers_lock = threading.Lock()
+
+
+def _merger() -> ThreadPoolExecutor:
+    """This process's merging threads (made again in a forked child, where the parent's are gone)."""
+    global _mergers
+    with _mergers_lock:
+        if _mergers is None or _mergers[0] != os.getpid():
+            _mergers = (os.getpid(), ThreadPoolExecutor(MERGES_IN_MEMORY, thread_name_prefix="merge-part"))
+        return _mergers[1]
 
 
 def _merged(upload: MultipartUpload, part: PlannedPart, supply: FreshSource) -> bytearray:
@@ -364,8 +377,8 @@ def _merged(upload: MultipartUpload, part: PlannedPart, supply: FreshSource) -> 
 
 def write_planned(upload: MultipartUpload, part: PlannedPart, fresh: FreshSource | None = None) -> PartReceipt:
     """Write one planned part: a lone range by server-side copy, a lone fresh slice streamed from
-    `fresh`, a mixed part (under 2 * MIN_PART_SIZE) assembled in memory from its segments, at most
-    MERGES_IN_MEMORY of them at a time in this process."""
+    `fresh`, a mixed part (under 2 * MIN_PART_SIZE) assembled in memory from its segments by one of
+    the process's MERGES_IN_MEMORY merging threads."""
     copy = part.copy
     if copy is not None:
         return upload.copy_part(part.number, copy.key, copy.start, copy.length)
@@ -380,8 +393,8 @@ def write_planned(upload: MultipartUpload, part: PlannedPart, fresh: FreshSource
         only = part.segments[0]
         assert isinstance(only, FreshSlice)  # a lone CopyRange returned above
         return upload.write_part(part.number, supply(only))
-    with _merge_slots:
-        return upload.write_part(part.number, _merged(upload, part, supply))
+    # Built and written by a merging thread, so the buffer lives and dies in one of their arenas.
+    return _merger().submit(lambda: upload.write_part(part.number, _merged(upload, part, supply))).result()
 
 
 def write_plan(upload: MultipartUpload, plan: Sequence[PlannedPart], fresh: FreshSource | None = None, *,
