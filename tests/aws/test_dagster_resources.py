@@ -39,6 +39,7 @@ from snapshot_assets.handoff import ARTIFACT, ArtifactIOManager, unsettled
 from snapshot_assets.jobs import diff_job, ingest_job, snapshot_job
 from snapshot_assets.tables import FROM_TAG, INGEST_TABLE_TAG, TO_TAG, TRIGGER_TAG
 from tests.aws.support import bucket, client
+from tests.dagster_instances import checked_instance
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -85,7 +86,7 @@ class Location:
 @pytest.fixture
 def location(tmp_path: Path, moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Location]:
     monkeypatch.setenv("SNAPSHOTTER_CONFIG", str(tmp_path / "snapshotter.conf"))
-    with dg.instance_for_test() as instance:
+    with checked_instance() as instance:
         loc = Location(tmp_path, moto_server, bucket(moto_server), instance)
         loc.write_config(20)  # before any resource is built: the Spark resource comes from the config
         try:
@@ -198,21 +199,15 @@ def test_runs_use_the_registered_resources_and_hand_the_artifact_over_through_da
     assert loc.events == [f"{TABLE}:snapshot:{committed[0]['to_position']}"]
 
     # Another process (a run worker on another host) loads it from the instance, given the producing run.
+    # Both contexts enter ephemeral instances of their own: `with` exits them here, in order (see
+    # tests/dagster_instances.py for what one left to the garbage collector did to later tests).
     io = ArtifactIOManager()
-    context = dg.build_input_context(upstream_output=dg.build_output_context(run_id=first.run_id),
-                                     asset_key=dg.AssetKey("snapshot"), partition_key=TABLE, instance=loc.instance)
-    assert io.load_input(context) == load_artifact(committed[0])
+    with dg.build_output_context(run_id=first.run_id) as upstream, \
+            dg.build_input_context(upstream_output=upstream, asset_key=dg.AssetKey("snapshot"), partition_key=TABLE,
+                                   instance=loc.instance) as context:
+        assert io.load_input(context) == load_artifact(committed[0])
 
 
-# Known flake: passes alone and with tests/aws; in full-suite runs Dagster's definitions load context
-# opened a SQLite instance directory that no longer existed (`DefsStateStorage.get()` holding a disposed
-# test instance's storage is the lead). Both tests below load the code location's definitions mid-run.
-_STALE_INSTANCE_FLAKE = pytest.mark.xfail(
-    strict=False, reason="passes alone and with tests/aws; in full-suite runs Dagster's definitions load context "
-    "opened a SQLite instance directory that no longer existed (under investigation)")
-
-
-@_STALE_INSTANCE_FLAKE
 def test_an_ambiguous_manifest_write_is_settled_once_by_the_next_run(location: Location) -> None:
     loc = location
     _ingest(loc, 20)
@@ -241,7 +236,6 @@ def test_an_ambiguous_manifest_write_is_settled_once_by_the_next_run(location: L
     assert unsettled(loc.instance, TABLE, BUILT, MANIFEST) is None
 
 
-@_STALE_INSTANCE_FLAKE
 def test_a_run_that_failed_at_its_manifest_is_re_executed_from_failure(location: Location) -> None:
     """Only the manifest step runs again, in another run: it commits the artifact the failed run built."""
     loc = location

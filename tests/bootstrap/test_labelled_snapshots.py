@@ -26,6 +26,7 @@ from snapshot_assets.demo import same_rows
 from snapshot_assets.jobs import force_snapshot, ingest_job, snapshot_job
 from snapshot_assets.launch import FORCE_SNAPSHOT_JOB, force_snapshot_run
 from snapshot_assets.tables import INGEST_TABLE_TAG
+from tests.dagster_instances import checked_instance
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ GENERATOR: dict[str, Any] = {"seed": 13, "rows": 40}
 def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.DagsterInstance]:
     monkeypatch.setenv("SNAPSHOTTER_CONFIG", str(tmp_path / "snapshotter.conf"))
     _configure(tmp_path, 20)
-    with dg.instance_for_test() as inst:
+    with checked_instance() as inst:
         try:
             yield inst
         finally:

@@ -12,6 +12,7 @@ import pytest
 
 from snapshot_assets.config import SnapshotterConfig
 from tests.active_config import use_config
+from tests.dagster_instances import checked_instance
 from tests.pg.conftest import pg_cluster, pg_dsn
 
 __all__ = ["group_config", "instance", "pg_cluster", "pg_dsn"]
@@ -35,5 +36,5 @@ def group_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sn
 
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
+    with checked_instance() as inst:
         yield inst

@@ -23,6 +23,7 @@ import pytest
 from snapshot_assets.config import SnapshotterConfig, load_config
 from snapshot_assets.services import ingest_table
 from tests.active_config import use_config
+from tests.dagster_instances import checked_instance
 
 __all__ = ["ORDERS", "USERS", "add_run", "fail_run", "ingest", "instance", "poll", "sensor_config"]
 
@@ -79,7 +80,7 @@ def paced_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sn
 
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
+    with checked_instance() as inst:
         yield inst
 
 

@@ -29,6 +29,7 @@ from snapshot_assets.tables import (
     pipeline,
 )
 from tests.aws.support import snapshot
+from tests.dagster_instances import checked_instance
 from tests.e2e.conftest import REPO
 from tests.sensors.conftest import ORDERS, USERS, ingest
 
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.slow  # the code location is loaded in process (seconds
 def queued_instance() -> Iterator[dg.DagsterInstance]:
     """A test instance with the run queue of the repository's dagster.yaml (submitting only enqueues)."""
     coordinator = {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"}
-    with dg.instance_for_test(overrides={"run_coordinator": coordinator}) as instance:
+    with checked_instance(overrides={"run_coordinator": coordinator}) as instance:
         yield instance
 
 
