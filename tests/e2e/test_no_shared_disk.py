@@ -55,7 +55,7 @@ from tests.e2e.test_postgres_rounds import (
 )
 from tests.pg.conftest import PgCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # about 7 minutes on a loaded machine
 
 HOSTS: Final = ("ingest", "daemon", "code", "spark")
 ROUNDS: Final = 3  # round 3 holds the TRUNCATE
