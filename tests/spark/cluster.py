@@ -223,6 +223,14 @@ def start_cluster(root: Path, workers: int = 2) -> SparkCluster:
     return cluster
 
 
+def report_cluster_logs(item: pytest.Item, report: pytest.TestReport) -> None:
+    """A failed test that used the cluster (a timeout included) carries every cluster log's tail,
+    executors' included: on CI they are the only trace of what the JVMs were doing."""
+    cluster = getattr(item, "funcargs", {}).get("spark_cluster")
+    if report.failed and isinstance(cluster, SparkCluster):
+        report.sections.append(("standalone cluster logs", cluster.diagnostics()))
+
+
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory, aws_test_credentials: None) -> Iterator[SparkCluster]:
     """The session's standalone cluster (tests using it are slow: the JVMs take tens of seconds to start).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import os
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,18 @@ from snapshot_assets.spark.effects import buffer_change
 from snapshot_assets.spark.parts import StagedFormat
 from snapshot_assets.spark.session import CONNECT_MODE, LOCAL_DEFAULTS, SESSION_DEFAULTS, classic_session
 from tests.buffer.helpers import read_refs
-from tests.spark.cluster import cluster_spark, spark_cluster  # noqa: F401 - standalone-cluster fixtures (cluster.py)
+from tests.spark.cluster import cluster_spark, report_cluster_logs, spark_cluster  # noqa: F401 - fixtures
 
 TABLE = "public.users"
 ALL_FORMATS = ("jsonl", "protobuf", "parquet")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                               call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    report_cluster_logs(item, report)
+    return report
 
 
 @pytest.fixture(scope="session")
