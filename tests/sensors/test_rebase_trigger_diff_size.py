@@ -18,7 +18,7 @@ from snapshot_assets.config import SnapshotterConfig, SparkConfig
 from snapshot_assets.pipeline.diff_size import MeasuringSpark, diff_size
 from snapshot_assets.tables import pipeline
 from tests.sensors.conftest import USERS, ingest
-from tests.spark.conftest import assert_no_connect_session_left, closed_endpoint
+from tests.spark.conftest import assert_no_connect_session_left, closed_endpoint, connect_sessions
 
 pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
 
@@ -49,6 +49,7 @@ def test_an_unanswering_spark_fails_the_measurement_in_seconds_and_the_buffer_by
 def test_a_spent_budget_answers_at_once_with_the_buffer_bytes(
         sensor_config: SnapshotterConfig, caplog: pytest.LogCaptureFixture) -> None:
     durable = ingest(sensor_config, USERS)
+    before = connect_sessions()
     spark = MeasuringSpark(unanswering(), budget_s=0.0)
     size = diff_size(pipeline(USERS), spark, 1234, logging.getLogger("rebase-trigger-test"))
     try:
@@ -65,4 +66,4 @@ def test_a_spent_budget_answers_at_once_with_the_buffer_bytes(
     for worker in [t for t in threading.enumerate() if t.name.startswith("measure-")]:
         worker.join(60)
         assert not worker.is_alive()
-    assert_no_connect_session_left()
+    assert_no_connect_session_left(before)

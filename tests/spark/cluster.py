@@ -129,6 +129,12 @@ class SparkCluster:
         from pyspark.sql.connect.session import SparkSession as ConnectSession
 
         spark = ConnectSession.builder.remote(self.connect_url).create()
+        # `create` made it the process's default and active session, which any later builder's
+        # `getOrCreate` would hand out whatever URL it asks for: the tests pass it explicitly.
+        if ConnectSession._default_session is spark:
+            ConnectSession._default_session = None
+        if getattr(ConnectSession._active_session, "session", None) is spark:
+            ConnectSession._active_session.session = None
         ship_project_code(spark, connect=True)
         return spark
 

@@ -155,13 +155,21 @@ def closed_endpoint() -> str:
         return f"sc://127.0.0.1:{s.getsockname()[1]}"
 
 
-def assert_no_connect_session_left() -> None:
-    """This process holds no Spark Connect session and is not in connect mode: a failed or abandoned
-    session did not become what the next builder hands out."""
+def connect_sessions() -> tuple[Any, Any]:
+    """The process's active and default Spark Connect sessions (None for none): what a builder's
+    `getOrCreate` hands out, whatever URL it asks for."""
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
+    return ConnectSession.getActiveSession(), ConnectSession._get_default_session()
+
+
+def assert_no_connect_session_left(before: tuple[Any, Any]) -> None:
+    """The process is not in connect mode and its active and default Connect sessions are still the
+    ones it had `before` (`connect_sessions()`): a failed or abandoned session did not become what
+    the next builder hands out. (A session another test keeps open may be there all along.)"""
     assert CONNECT_MODE not in os.environ
-    assert ConnectSession.getActiveSession() is None and ConnectSession._get_default_session() is None
+    now = connect_sessions()
+    assert now[0] is before[0] and now[1] is before[1], f"{now} left, {before} before"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

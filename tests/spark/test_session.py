@@ -36,6 +36,7 @@ from tests.spark.conftest import (
     assert_no_connect_session_left,
     by_key,
     closed_endpoint,
+    connect_sessions,
     generate,
     read_parts,
 )
@@ -70,10 +71,11 @@ def test_a_session_that_cannot_receive_the_project_code_is_stopped(monkeypatch: 
 
     monkeypatch.delenv(CONNECT_MODE, raising=False)
     monkeypatch.setattr(session_module, "ship_project_code", refuse)
+    before = connect_sessions()
     with pytest.raises(RuntimeError, match="artifacts refused"):  # the session is made, nothing reaches it
         open_spark(SparkConfig(remote=closed_endpoint()),
                    make_session=functools.partial(session_from_settings, before_first_call=bound_retries))
-    assert_no_connect_session_left()
+    assert_no_connect_session_left(before)
 
 
 def test_a_runtime_that_joined_a_running_classic_session_leaves_it_running(spark: Any, tmp_path: Path) -> None:
