@@ -46,7 +46,7 @@ class SparkDiffSize:
 
     def __call__(self, from_position: str, to_position: str) -> int:
         from snapshot_assets.spark.diff_size import encoded_diff_bytes
-        from snapshot_assets.spark.effects import default_partitions
+        from snapshot_assets.spark.effects import window_partitions
         from snapshot_assets.spark.window import net_window
 
         pipe, spark = self.pipe, self.spark
@@ -57,8 +57,9 @@ class SparkDiffSize:
         self.scratch.clear()
         try:
             base = pipe.diff_base(spark, m, self.scratch / "_catch_up")  # the diff build's own base
-            window = net_window(spark, pipe.buffer().segments(from_position, to_position), base, pipe.key_fields,
-                                partitions=default_partitions(spark), scratch=self.scratch / "_work",
+            segments = pipe.buffer().segments(from_position, to_position)
+            window = net_window(spark, segments, base, pipe.key_fields,
+                                partitions=window_partitions(spark, segments), scratch=self.scratch / "_work",
                                 s3=pipe.work.connection)
             fmt = primary_diff_format(pipe)
             size = encoded_diff_bytes(window.net, window.truncated, fmt, pipe.key_fields)

@@ -218,7 +218,7 @@ class TablePipeline:
         state (STATE dataset + committed deltas), or the previous snapshot artifact, caught up
         through the buffer where the state stops. The diff build and its size measurement share it."""
         from snapshot_assets.spark.bases import FrameBase, choose_base
-        from snapshot_assets.spark.effects import default_partitions
+        from snapshot_assets.spark.effects import window_partitions
         from snapshot_assets.spark.window import advance
 
         if state is None:
@@ -228,7 +228,7 @@ class TablePipeline:
         base, catch_up = choose_base(self.buffer(), m.head_position, state=state, artifact=artifact, cmp=self.cmp,
                                      buffer_s3=self.work.connection, records=False)
         if catch_up:
-            table, _ = advance(spark, base, catch_up, self.key_fields, partitions=default_partitions(spark),
+            table, _ = advance(spark, base, catch_up, self.key_fields, partitions=window_partitions(spark, catch_up),
                                scratch=scratch, s3=self.work.connection)
             base = FrameBase(table, m.head_position, base.describe())
         return base

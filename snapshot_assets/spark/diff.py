@@ -36,7 +36,7 @@ from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.bases import Base, write_delta
-from snapshot_assets.spark.effects import default_partitions
+from snapshot_assets.spark.effects import window_partitions
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import infer_row_schema, write_diff
 from snapshot_assets.spark.parts import (
@@ -66,7 +66,7 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     `base` is the table at the diff's `from` (the images the window's changes omit come from it);
     the net changes are written to `delta_dir` (the state's step to `to_position`, see
     `bases.DeltaSet`) and the parts are encoded from there. `details["delta"]` is that DeltaSet.
-    `partitions` is the shuffle width (default `spark.sql.shuffle.partitions`); `state_formats` are the
+    `partitions` is the shuffle width (default `effects.window_partitions`); `state_formats` are the
     snapshot formats the delta's new images are encoded for (`state.encode_net`), so the next
     snapshot merges their bytes instead of encoding them; `schema` types the parquet diff (None:
     inferred from the diff's own images).
@@ -86,7 +86,7 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     staging = prepare_staging(staging_dir, fmts)
     if staging.remote and targets is None:
         raise ValueError(f"staging {staging.uri} is in S3: the build needs its targets (the tasks send the parts)")
-    width = partitions or default_partitions(spark)
+    width = partitions or window_partitions(spark, segments)
     encoded = tuple(f for f in fmts if f != "parquet")  # record formats: the project's writers, per net change
     keys = {f: targets.key("diff", from_position, to_position, get_format(f).extension)
             for f in fmts} if targets is not None else {}

@@ -49,7 +49,7 @@ from snapshot_assets.archive.key_index import block_bytes_for
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.bases import Base, BufferSnapshotBase, Census, LayeredBase, latest_images
-from snapshot_assets.spark.effects import default_partitions, materialize
+from snapshot_assets.spark.effects import materialize, window_partitions
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import (
     PARQUET_FORMAT,
@@ -316,7 +316,7 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
         state_path = Location.of(state_dir)
         build, previous, truncated = _state_build(
             spark, base, segments, to_position, fields, fmts, staging, state_path, pieces,
-            width=partitions or default_partitions(spark), bucket_bytes=bucket_bytes, schema=schema,
+            width=partitions or window_partitions(spark, segments), bucket_bytes=bucket_bytes, schema=schema,
             buffer_s3=buffer_s3)
         state = build.state
         keys = previous_keys or {}

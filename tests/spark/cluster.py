@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from snapshot_assets.spark.connect_server import pyspark_home, server_command
+from snapshot_assets.spark.effects import WINDOW_CHANGES_CONF
 from snapshot_assets.spark.session import ship_project_code
 
 MARKER = "SNAPSHOTTER_TEST_CLUSTER"
@@ -54,6 +55,7 @@ CONNECT_CONF: Mapping[str, str] = {
     "spark.python.worker.reuse": "true",
     "spark.sql.shuffle.partitions": "4",
     "spark.default.parallelism": "4",
+    WINDOW_CHANGES_CONF: "100",  # several partitions for the tests' small windows (tests/spark/conftest.py)
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.scheduler.minRegisteredResourcesRatio": "1.0",

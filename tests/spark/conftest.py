@@ -23,13 +23,16 @@ from resources.subscribers.generator import KEY_FIELDS, GeneratorSubscriber
 from snapshot_assets.archive.changes import Change, Row
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.keys import TypedKey, typed_key
-from snapshot_assets.spark.effects import buffer_change
+from snapshot_assets.spark.effects import WINDOW_CHANGES_CONF, buffer_change
 from snapshot_assets.spark.parts import StagedFormat
 from snapshot_assets.spark.session import CONNECT_MODE, LOCAL_DEFAULTS, SESSION_DEFAULTS, classic_session
 from tests.buffer.helpers import read_refs
 from tests.spark.cluster import cluster_spark, report_cluster_logs, spark_cluster  # noqa: F401 - fixtures
 
 TABLE = "public.users"
+#: The tests' windows are small: a partition per 100 changes keeps their shuffles several partitions
+#: wide, as a production-sized window's are (the product's default would give them one).
+SMALL_WINDOWS_SPLIT = {WINDOW_CHANGES_CONF: "100"}
 ALL_FORMATS = ("jsonl", "protobuf", "parquet")
 
 
@@ -45,7 +48,7 @@ def pytest_runtest_makereport(item: pytest.Item,
 def spark() -> Iterator[Any]:
     """The suite's one Spark session (classic local[2]: no server to manage for most tests)."""
     conf = {**SESSION_DEFAULTS, **LOCAL_DEFAULTS, "spark.sql.shuffle.partitions": "3", "spark.driver.memory": "2g",
-            "spark.ui.showConsoleProgress": "false"}
+            "spark.ui.showConsoleProgress": "false", **SMALL_WINDOWS_SPLIT}
     session = classic_session("local[2]", conf, "snapshotter-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -15,6 +15,7 @@ from snapshot_assets.archive.changes import Action, Change
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.spark.bases import EmptyBase
 from snapshot_assets.spark.diff import build_diff
+from snapshot_assets.spark.effects import WINDOW_CHANGES_CONF, WINDOW_CHANGES_PER_PARTITION, window_partitions
 from tests.spark.conftest import (
     ALL_FORMATS,
     Generated,
@@ -103,3 +104,47 @@ def test_empty_window_stages_nothing(spark: Any, tmp_path: Path) -> None:
 def test_diff_rejects_a_degenerate_window(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="two different"):
         build_diff(spark, [], EmptyBase("0/10"), "0/10", KEY_FIELDS, ALL_FORMATS, tmp_path, tmp_path / "delta")
+
+
+def test_a_small_window_runs_one_partition_wide_and_gives_the_same_bytes(spark: Any, tmp_path: Path) -> None:
+    """With Spark's default shuffle width (200, what a cluster has unless told), a window of a few
+    hundred changes is folded in one partition, not 200 (each a scratch file on a cluster), and the
+    diff's bytes are those of a build three partitions wide."""
+    g = generate(tmp_path / "buffer", 13, rows=60, changes=500)
+    b = g.boundaries
+    segments = g.reader.segments(b[2], b[-1])
+    assert sum(s.changes for s in segments) < WINDOW_CHANGES_PER_PARTITION
+    built = {}
+    previous = {k: spark.conf.get(k, None) for k in ("spark.sql.shuffle.partitions", WINDOW_CHANGES_CONF)}
+    try:
+        spark.conf.set("spark.sql.shuffle.partitions", "200")
+        spark.conf.unset(WINDOW_CHANGES_CONF)
+        assert window_partitions(spark, segments) == 1 and window_partitions(spark, []) == 1
+        for name, width in (("default", None), ("three", 3)):
+            built[name] = build_diff(spark, segments, EmptyBase(b[2]), b[-1], KEY_FIELDS, ALL_FORMATS,
+                                     tmp_path / name, tmp_path / name / "delta", partitions=width)
+    finally:
+        for key, value in previous.items():
+            spark.conf.set(key, value) if value is not None else spark.conf.unset(key)
+    delta_files = [p for p in (tmp_path / "default" / "delta").rglob("*.parquet")]
+    assert len(delta_files) == 1, delta_files
+    assert len(list((tmp_path / "three" / "delta").rglob("*.parquet"))) > 1
+    for fid in ("jsonl", "protobuf"):
+        assert staged_bytes(built["default"].formats[fid]) == staged_bytes(built["three"].formats[fid]), fid
+    assert change_multiset(read_parts(built["default"].formats["parquet"], "diff")) == \
+        change_multiset(read_parts(built["three"].formats["parquet"], "diff"))
+
+
+def test_the_window_width_follows_the_windows_changes_up_to_the_shuffle_setting(spark: Any, tmp_path: Path) -> None:
+    g = generate(tmp_path / "buffer", 17, rows=40, changes=900, seal_changes=100)
+    segments = g.reader.segments(g.resyncs[0], g.boundaries[-1])
+    changes = sum(s.changes for s in segments)
+    assert spark.conf.get(WINDOW_CHANGES_CONF) == "100"  # the suite's setting (conftest.py)
+    assert window_partitions(spark, segments) == min(3, -(-changes // 100)) == 3
+    assert window_partitions(spark, segments[:1]) == -(-segments[0].changes // 100)
+    spark.conf.set(WINDOW_CHANGES_CONF, "0")
+    try:
+        with pytest.raises(ValueError, match="positive number of changes"):
+            window_partitions(spark, segments)
+    finally:
+        spark.conf.set(WINDOW_CHANGES_CONF, "100")
