@@ -440,7 +440,7 @@ def window_partitions(spark: SparkSession, segments: Sequence[SegmentRef]) -> in
 
     Why: the width is an explicit `repartition(n, key)`, which adaptive execution does not coalesce,
     and on a cluster each partition of a materialized step is a scratch file in S3 that a task of
-    its own writes and another reads back. With Spark's default of 200, a diff of a few hundred
+    its own writes and another reads back. With Spark's default of 200, a diff of a few dozen
     changes ran stages of 200 tasks and took 2.5 minutes against a Connect server. The artifacts'
     bytes do not depend on the width (their rows are encoded in key order); at 20,000 changes a
     partition, a window of 100,000 still fills the 4 partitions of a local runtime's two cores.
