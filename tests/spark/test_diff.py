@@ -126,7 +126,7 @@ def test_a_small_window_runs_one_partition_wide_and_gives_the_same_bytes(spark: 
     finally:
         for key, value in previous.items():
             spark.conf.set(key, value) if value is not None else spark.conf.unset(key)
-    delta_files = [p for p in (tmp_path / "default" / "delta").rglob("*.parquet")]
+    delta_files = list((tmp_path / "default" / "delta").rglob("*.parquet"))
     assert len(delta_files) == 1, delta_files
     assert len(list((tmp_path / "three" / "delta").rglob("*.parquet"))) > 1
     for fid in ("jsonl", "protobuf"):
