@@ -13,6 +13,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from resources.buffer.errors import RangeNotAvailable, ResyncInWindow
 from resources.buffer.hll import HyperLogLog
 from resources.buffer.index import IndexState, ResyncMarker, load_index, releasable, request_release
@@ -51,6 +54,10 @@ class SegmentRef:
     def filter_sql(self) -> str:
         """The row filter as a Spark SQL predicate."""
         return f"seq > {self.seq_from_exclusive} AND seq <= {self.seq_to_inclusive}"
+
+    def seq_mask(self, seq: pa.Array) -> pa.Array:
+        """The same filter over a column of seqs read by a task (true: the row is the segment's)."""
+        return pc.and_(pc.greater(seq, self.seq_from_exclusive), pc.less_equal(seq, self.seq_to_inclusive))
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ What a kernel spells, by converter spec (`pgtypes`), is exactly what the typed p
 - `float`: a plain decimal (no exponent: PostgreSQL prints one only for exponents in [-4, 15),
   where Go writes the same shortest digits without one).
 Every other value (nested JSON, bytea, arrays, NaN, BC dates, strings with escapes, exponents) goes
-through the typed path's own converter and encoder, one value at a time; NULL is `null`.
+through the typed path's own converter and encoder, one value at a time, except JSON documents, which
+`gojson.encode_documents` encodes all at once where it can; NULL is `null`.
 
 A batch any value of which that path refuses is encoded again row by row with `gojson.encode_row`,
 so a refusal reads exactly as the typed path's (column and row key named). The property tests in
@@ -84,6 +85,10 @@ _KERNELS: dict[str, tuple[str | None, Callable[[pa.Array], pa.Array]]] = {
 
 
 def _typed_path(values: Sequence[str], spec: str) -> list[str]:
+    if spec == "json":  # all of them at once where it gives the same bytes (no Python per document)
+        documents = gojson.encode_documents(values)
+        if documents is not None:
+            return documents
     convert = pgtypes.converter_of(spec)
     return [gojson.encode_value(convert(value)) for value in values]
 

@@ -34,7 +34,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -356,6 +356,57 @@ def _html_escaped(text: str) -> str:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _NotGoFloat(ValueError):
+    """A number whose Go spelling the C encoder cannot print: the documents go one by one."""
+
+
+def _go_number(text: str) -> float | int:
+    """A JSON fraction as `json.loads` reads it (a float), given as whatever the C encoder prints
+    exactly as Go does: the float itself when its repr is Go's text, else Go's integer text as an int."""
+    value = float(text)
+    go = go_json_float(value)  # UnsupportedValue for ±Infinity (an overflowing exponent)
+    if repr(value) == go:
+        return value
+    if go.lstrip("-").isdigit() and str(int(go)) == go:
+        return int(go)
+    raise _NotGoFloat(go)
+
+
+_DOCUMENT_SEP = "\x00"  # no JSON document from PostgreSQL holds it (checked: the input has no `\u0000`)
+_ENCODED_SEP = ',"\\u0000",'
+
+
+def encode_documents(texts: Sequence[str]) -> list[str] | None:
+    """`encode_value(json.loads(text))` for each JSON document in `texts`, with one decode and one
+    encode of them all (C code, no Python per document), or None when a document needs the exact
+    encoder one at a time (a lone surrogate, an integer past Python's digit limit, NaN, a float Go
+    spells in a form the C encoder does not, a NUL character, nesting too deep for the C parser).
+
+    Why: PostgreSQL json/jsonb columns have no Arrow kernel, and a copy has one document per row.
+    The documents are decoded as one JSON array; fractions are read by `_go_number`, so the C
+    encoder prints every number as Go does; the array is encoded with a separator string between
+    the documents, which no encoded document can contain (it is a NUL, and a structural `,"`),
+    split there (the last one is followed by `,"\\u0000"]`, as long), and given Go's HTML escapes."""
+    if not texts:
+        return []
+    joined = "[" + ",".join(texts) + "]"
+    if "\\u0000" in joined:
+        return None
+    try:
+        values = json.loads(joined, parse_float=_go_number)
+        if len(values) != len(texts):
+            return None
+        spaced: list[Any] = [_DOCUMENT_SEP] * (2 * len(values))
+        spaced[0::2] = values
+        text = _stdlib_dumps(spaced)
+    except (ValueError, RecursionError, UnsupportedValue):
+        return None
+    if not text.isascii() and _SURROGATE.search(text):
+        return None
+    documents = _html_escaped(text[1:-len(_ENCODED_SEP)]).split(_ENCODED_SEP)
+    return documents if len(documents) == len(texts) else None
 
 
 def encode_row(row: Mapping[str, Any], row_key: Callable[[], str]) -> str:

@@ -38,7 +38,6 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from resources.buffer.reader import BufferView, SegmentRef
 from resources.buffer.segments import TYPED_COLUMN
@@ -51,19 +50,20 @@ from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.keys import key_json, typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
 from snapshot_assets.archive.row_schema import RowSchema
+from snapshot_assets.spark.copy_tasks import CopyFile, encode_copy
+from snapshot_assets.spark.copy_tasks import census as copy_census
 from snapshot_assets.spark.effects import (
     NET_DDL,
     STATE_ARROW,
     STATE_DDL,
     VERSION_SQL,
-    buffer_rows,
     encode_row,
     read_window,
 )
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
 from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, snapshot_arrow_schema, typed_columns
 from snapshot_assets.spark.remote_io import input_file, is_s3
-from snapshot_assets.spark.state import StateBase, encode_copy, encode_net
+from snapshot_assets.spark.state import StateBase, bounds_of, encode_net, sample_bounds
 from snapshot_assets.spark.typed_copies import CopyTyper
 
 __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
@@ -361,12 +361,20 @@ def line_overhead(codec: RowCodec) -> int:
 @dataclass(frozen=True, slots=True)
 class Census:
     """A table's rows as a full build needs them counted before it encodes them: how many, about how
-    many jsonl bytes (which sets the bucket count, a target only), and their keys (`key` column:
-    the bucket bounds are sampled from it)."""
+    many jsonl bytes (which sets the bucket count, a target only), and their keys: a `key` column
+    the bucket bounds are sampled from, or the sorted sort keys of a sample taken already."""
 
     rows: int
     jsonl_bytes: int
-    keys: DataFrame
+    keys: DataFrame | None = None
+    samples: Sequence[bytes] | None = None
+
+    def bounds(self, buckets: int) -> list[bytes]:
+        """The lower bounds of `buckets` buckets of these rows (`state.bounds_of`)."""
+        if self.samples is not None:
+            return bounds_of(self.samples, buckets)
+        assert self.keys is not None, "a census has its keys or a sample of them"
+        return sample_bounds(self.keys, buckets, self.rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,31 +400,26 @@ class BufferSnapshotBase:
         typed `columns` of `schema`), encoded in one pass over the segment (`state.encode_copy`):
         the copied rows' typed cells come from the values that encoded them (`typed_copies`); the
         JVM types only the rows those kernels leave (`typed_columns(given=...)`)."""
-        rows = buffer_rows(spark, [self._snapshot_segment()], self.s3).filter("action = 'SNAPSHOT'") \
-            .withColumn("ver", F.expr(VERSION_SQL))
+        file = CopyFile.open(self._snapshot_segment(), self.s3)
         if PARQUET_FORMAT not in formats:
-            return encode_copy(rows, key_fields, formats, None)
+            return encode_copy(spark, file, key_fields, formats, None)
         if schema is None:
             raise ValueError("typing a copy's rows for parquet needs the table's schema")
         image = snapshot_arrow_schema(schema)
         typer = CopyTyper(schema, pa.struct(list(image)))
-        return typed_columns(encode_copy(rows, key_fields, formats, typer), schema, given=TYPED_COLUMN)
+        return typed_columns(encode_copy(spark, file, key_fields, formats, typer), schema, given=TYPED_COLUMN)
 
     def census(self, spark: SparkSession) -> Census:
-        """What a full build must know before it buckets the rows (`Census`), in one aggregation
-        over the buffer's own columns, without Python: the count, the keys as stored, and the jsonl
-        size estimated from the copied texts' bytes plus each line's punctuation and names
-        (`line_overhead`; an encoded row's line where the buffer holds one). The estimate only sets
-        the bucket count; `encoded`'s pass encodes each row once, for the build itself."""
-        stored = buffer_rows(spark, [self._snapshot_segment()], self.s3).filter("action = 'SNAPSHOT'")
-        groups = stored.groupBy("codec").agg(
-            F.count(F.lit(1)).alias("n"),
-            F.coalesce(F.sum(F.when(F.col("codec").isNull(), F.octet_length("new") + 1)
-                             .otherwise(F.octet_length(F.array_join("new_text", "")))), F.lit(0)).alias("b")).collect()
-        rows = sum(int(g["n"]) for g in groups)
-        size = sum(int(g["b"]) + (int(g["n"]) * line_overhead(RowCodec.from_text(g["codec"])) if g["codec"] else 0)
-                   for g in groups)
-        return Census(rows, size, stored.select("key"))
+        """What a full build must know before it buckets the rows (`Census`), in one pass of tasks
+        over the segment's key and image columns (`copy_tasks.census`): the count, a sample of the
+        keys, and the jsonl size estimated from the copied texts' bytes plus each line's
+        punctuation and names (`line_overhead`; an encoded row's line where the buffer holds one).
+        The estimate only sets the bucket count; `encoded`'s pass encodes each row once."""
+        found = copy_census(spark, CopyFile.open(self._snapshot_segment(), self.s3))
+        rows = sum(n for n, _ in found.groups.values())
+        size = sum(b + (n * line_overhead(RowCodec.from_text(codec)) if codec else 0)
+                   for codec, (n, b) in found.groups.items())
+        return Census(rows, size, samples=found.samples)
 
     def _snapshot_segment(self) -> SegmentRef:
         if self.segment.kind != "snapshot":

@@ -123,7 +123,7 @@ def task_partition() -> int:
 # -- datasets -------------------------------------------------------------------------------------------
 
 
-def _conformed(data: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def conformed(data: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """`data` laid out as `schema`: columns by name, cast where the file's type differs (string vs
     large_string), absent ones null (older files of a dataset whose schema grew, as Spark's reader
     treats them)."""
@@ -149,7 +149,7 @@ def _read_objects(batches: Iterable[pa.RecordBatch], connection: S3Connection, p
                 file = pq.ParquetFile(source)
                 present = [name for name in schema.names if name in file.schema_arrow.names]
                 for data in file.iter_batches(batch_size=batch_rows, columns=present):
-                    yield _conformed(data, schema)
+                    yield conformed(data, schema)
 
 
 def _files_frame(spark: Any, connection: S3Connection, paths: Sequence[str], schema: pa.Schema,

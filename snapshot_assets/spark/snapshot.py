@@ -76,7 +76,6 @@ from snapshot_assets.spark.state import (
     encode_rows,
     piece_bytes,
     piece_formats,
-    sample_bounds,
     write_buckets,
 )
 from snapshot_assets.spark.window import advance, net_window
@@ -152,8 +151,7 @@ def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], format
     if census is None:
         stats = table.selectExpr("count(*) AS n", "coalesce(sum(octet_length(row) + 1), 0) AS b").collect()[0]
         census = Census(int(stats["n"]), int(stats["b"]), table)
-    rows = census.rows
-    bounds = sample_bounds(census.keys, bucket_count(rows, census.jsonl_bytes, bucket_bytes), rows)
+    bounds = census.bounds(bucket_count(census.rows, census.jsonl_bytes, bucket_bytes))
     if encoded is None:
         encoded = encode_rows(table, fields, formats)
         if "parquet" in formats:  # the typed columns, once per row as it enters; the schema once per epoch

@@ -47,7 +47,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
 
 from resources.buffer.segments import RECORD_COLUMN, TYPED_COLUMN, with_images
 from resources.destinations.s3 import S3Connection
@@ -68,7 +67,7 @@ from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
 from snapshot_assets.spark.effects import NET_DDL, STATE_ARROW, decode_row
 from snapshot_assets.spark.locations import Location
-from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, image_type, refusing_misfits
+from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, refusing_misfits
 from snapshot_assets.spark.parquet_pieces import BucketParquet, piece_writer
 from snapshot_assets.spark.pieces import Uploads
 from snapshot_assets.spark.remote_io import input_file, read_parquet_files
@@ -151,23 +150,12 @@ def encode_rows(frame: DataFrame, key_fields: Sequence[str], formats: Sequence[s
     return encoded.select("key", "sk", "row", "pb", "ver")
 
 
-def encode_copy(rows: DataFrame, key_fields: Sequence[str], formats: Sequence[str],
-                typer: CopyTyper | None) -> DataFrame:
-    """A copy's buffer rows (a snapshot segment's, with their `ver`) -> ROWS_DDL in one Python pass:
-    each copied row's Go-JSON text, protobuf record and sort key, and (with `typer`) its typed
-    cells as `TYPED_COLUMN` (null where `typer` is not certain: `typed_columns(given=...)` types
-    those). One pass, because each pass sends the table's bytes to Python and back."""
-    func = functools.partial(_copy_batches, key_fields=tuple(key_fields), protobuf="protobuf" in formats,
-                             typer=typer)
-    out = StructType.fromDDL(ROWS_DDL)
-    assert isinstance(out, StructType)
-    if typer is not None:
-        out = out.add(TYPED_COLUMN, image_type(typer.schema))
-    return rows.mapInArrow(func, out)
-
-
-def _copy_batches(batches: Iterable[Any], key_fields: tuple[str, ...], protobuf: bool,
-                  typer: CopyTyper | None) -> Iterator[Any]:
+def copy_batches(batches: Iterable[Any], key_fields: tuple[str, ...], protobuf: bool,
+                 typer: CopyTyper | None) -> Iterator[Any]:
+    """A copy's buffer rows (a snapshot segment's, with their `ver`) -> ROWS_DDL in one pass: each
+    copied row's Go-JSON text, protobuf record and sort key, and (with `typer`) its typed cells as
+    `TYPED_COLUMN` (null where `typer` is not certain: `typed_columns(given=...)` types those). One
+    pass, because each pass over a copy is a pass over the whole table (copy_tasks.py runs it)."""
     for batch in batches:
         read = with_images(batch, records=protobuf, typed=typer)
         rows = pa.RecordBatch.from_arrays(
@@ -202,9 +190,14 @@ def sample_bounds(frame: DataFrame, buckets: int, rows: int) -> list[bytes]:
         return []
     fraction = min(1.0, SAMPLES_PER_BUCKET * buckets / rows)
     sample = frame.select("key").sample(fraction=fraction, seed=7).mapInArrow(_sample_batches, "sk BINARY")
-    sks = sorted(bytes(r["sk"]) for r in sample.collect())
-    bounds = sorted({sks[min(len(sks) - 1, (i * len(sks)) // buckets)] for i in range(1, buckets)} if sks else set())
-    return bounds
+    return bounds_of(sorted(bytes(r["sk"]) for r in sample.collect()), buckets)
+
+
+def bounds_of(sks: Sequence[bytes], buckets: int) -> list[bytes]:
+    """`buckets - 1` lower bounds at the quantiles of the sorted sample `sks` (fewer when it repeats)."""
+    if buckets <= 1 or not sks:
+        return []
+    return sorted({sks[min(len(sks) - 1, (i * len(sks)) // buckets)] for i in range(1, buckets)})
 
 
 def bucket_expr(bounds: Sequence[bytes]) -> str:

@@ -135,3 +135,39 @@ def test_an_integer_text_postgresql_would_not_print_goes_through_the_typed_path(
         ["0", "-5", "7", "null"]
     with pytest.raises(ValueError):
         encode_column(pa.array(["12", "x"], pa.string()), "int")
+
+
+_PLAIN_NUMBER = st.one_of(st.integers(), st.integers(-10**6, 10**6).map(float),
+                          st.floats(min_value=1e-3, max_value=1e15).filter(lambda x: not x.is_integer()))
+_NO_NUL = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)  # as jsonb
+_DOCUMENT = st.recursive(st.none() | st.booleans() | _PLAIN_NUMBER | _NO_NUL |
+                         st.sampled_from(["<a href='x?y&z'>", "\u2028\u2029", "\x1f\x7f", "😀"]),
+                         lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_NO_NUL, inner, max_size=3),
+                         max_leaves=10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_DOCUMENT, max_size=30), st.booleans())
+def test_json_documents_are_encoded_all_at_once_as_the_typed_path_encodes_each(values: list[Any], jsonb: bool) -> None:
+    """Documents as PostgreSQL prints them (jsonb's `, `/`: ` spacing, or json's text as written):
+    the one-pass encoding is the typed path's, and it is taken for every such batch."""
+    texts = [json.dumps(v, ensure_ascii=not jsonb, separators=(", ", ": ") if jsonb else (",", ":")) for v in values]
+    assert gojson.encode_documents(texts) == _typed("json", texts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_SPEC_TEXTS["json"] | st.sampled_from(['"\\u0000"', '["\\ud800"]', '1e-7', '-0.0', '1e400', "1" * 5000,
+                                                       "[" * 2000 + "]" * 2000]), max_size=12))
+def test_documents_the_c_encoder_cannot_spell_go_one_by_one(texts: list[str]) -> None:
+    """NUL characters, lone surrogates, exponent forms Go spells otherwise, overflowing or overlong
+    numbers, deep nesting: `encode_documents` declines the batch (None) or gives the typed path's bytes."""
+    got = gojson.encode_documents(texts)
+    try:
+        expected = [gojson.encode_value(json.loads(t)) for t in texts]
+    except (gojson.UnsupportedValue, ValueError, RecursionError) as refused:  # 1e400, 5,000 digits, deep nesting
+        assert got is None  # the typed path refuses the batch, and so does the column
+        with pytest.raises(type(refused)):
+            encode_column(pa.array(texts, pa.string()), "json")
+        return
+    assert got is None or got == expected
+    assert encode_column(pa.array(texts, pa.string()), "json").to_pylist() == expected

@@ -1,0 +1,69 @@
+"""A copy read by the build's own tasks (copy_tasks.py) is the segment Spark's reader reads: the same
+rows, versions and records, whatever the tasks' slices, and a census that does not depend on them."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from snapshot_assets.archive.changes import Action
+from snapshot_assets.archive.sortkey import sort_key
+from snapshot_assets.spark.bases import BufferSnapshotBase
+from snapshot_assets.spark.copy_tasks import CopyFile, census, encode_copy
+from snapshot_assets.spark.state import encode_rows
+from tests.spark.test_buckets import BIG, BYTE_FORMATS, KEYS, buffer_with
+
+INITIAL = 1_000
+
+
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory: pytest.TempPathFactory) -> BufferSnapshotBase:
+    """A copy of INITIAL rows kept as column text in row groups of 64 rows, then two changes (in
+    the next segment: they are not the copy's)."""
+    root: Path = tmp_path_factory.mktemp("copy") / "buffer"
+    reader, _ = buffer_with(root, INITIAL, [[(Action.UPDATE, 3), (Action.INSERT, INITIAL)]], text=True,
+                            row_group_rows=64)
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    return BufferSnapshotBase(reader.segment_ref(resync.segment))
+
+
+def test_slices_cover_the_row_groups_in_order(copy: BufferSnapshotBase) -> None:
+    groups = pq.ParquetFile(copy.segment.path).metadata.num_row_groups
+    assert groups > 10
+    for task_rows in (1, 200, 10**9):
+        file = CopyFile.open(copy.segment, None, task_rows)
+        assert file.slices[0].first == 0 and file.slices[-1].stop == groups
+        assert all(a.stop == b.first and b.offset > a.offset for a, b in itertools.pairwise(file.slices))
+    assert len(CopyFile.open(copy.segment, None, 1).slices) == groups
+    assert len(CopyFile.open(copy.segment, None, 10**9).slices) == 1
+
+
+def _rows(frame: Any) -> list[tuple[Any, ...]]:
+    return sorted((r["key"], bytes(r["sk"]), r["row"], bytes(r["pb"]), r["ver"]) for r in frame.collect())
+
+
+def test_the_tasks_encode_the_rows_spark_reads_with_their_versions(spark: Any, copy: BufferSnapshotBase) -> None:
+    """Against the segment as Spark's reader gives it (its seq filter, VERSION_SQL, the records
+    `read_window` encodes beside the JSON), encoded by `encode_rows`: the same rows, one task or many."""
+    expected = _rows(encode_rows(copy.frame(spark, KEYS), KEYS, BYTE_FORMATS))
+    assert len(expected) == INITIAL and all(ver.endswith("\tcopy") for *_, ver in expected)
+    for task_rows in (100, 10**9):
+        file = CopyFile.open(copy.segment, None, task_rows)
+        frame = encode_copy(spark, file, KEYS, BYTE_FORMATS, None)
+        assert frame.rdd.getNumPartitions() == len(file.slices)
+        assert _rows(frame) == expected
+
+
+def test_the_census_counts_and_samples_the_same_rows_however_the_tasks_split_them(spark: Any,
+                                                                                 copy: BufferSnapshotBase) -> None:
+    found = [census(spark, CopyFile.open(copy.segment, None, task_rows)) for task_rows in (1, 300, 10**9)]
+    assert found[0] == found[1] == found[2]
+    (codec, (rows, size)), = found[0].groups.items()
+    assert codec is not None and rows == INITIAL and size > 0
+    # a small copy is sampled whole
+    assert found[0].samples == sorted(sort_key([BIG + i]) for i in range(INITIAL))
