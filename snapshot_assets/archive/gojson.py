@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import enum
+import gc
 import json
 import math
 import re
@@ -394,6 +395,10 @@ def encode_documents(texts: Sequence[str]) -> list[str] | None:
     joined = "[" + ",".join(texts) + "]"
     if "\\u0000" in joined:
         return None
+    # The decoded documents are all alive at once, acyclic and freed together: without this, the
+    # allocations set off collections of the process's whole heap (slower than one document at a time).
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         values = json.loads(joined, parse_float=_go_number)
         if len(values) != len(texts):
@@ -403,6 +408,9 @@ def encode_documents(texts: Sequence[str]) -> list[str] | None:
         text = _stdlib_dumps(spaced)
     except (ValueError, RecursionError, UnsupportedValue):
         return None
+    finally:
+        if collecting:
+            gc.enable()
     if not text.isascii() and _SURROGATE.search(text):
         return None
     documents = _html_escaped(text[1:-len(_ENCODED_SEP)]).split(_ENCODED_SEP)
