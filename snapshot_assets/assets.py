@@ -122,6 +122,9 @@ def _build(context: dg.AssetExecutionContext, spark: SparkResource, destinations
         "spark_s": round(built.seconds, 3),
         "spark_mode": spark.mode,
     }
+    for name in ("mode", "shuffle", "buckets", "rewritten"):  # a snapshot build: full or incremental, and how
+        if name in built.details:
+            metadata[f"build_{name}"] = built.details[name]
     pin = pin_of(art)
     if pin is not None:
         metadata["pin"] = pin.label

@@ -52,6 +52,7 @@ from snapshot_assets.archive.positions import Comparator, compare_lsn
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.spark.copy_tasks import CopyFile, encode_copy
 from snapshot_assets.spark.copy_tasks import census as copy_census
+from snapshot_assets.spark.copy_tasks import write_buckets as write_copy_buckets
 from snapshot_assets.spark.effects import (
     NET_DDL,
     STATE_ARROW,
@@ -63,7 +64,7 @@ from snapshot_assets.spark.effects import (
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
 from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, snapshot_arrow_schema, typed_columns
 from snapshot_assets.spark.remote_io import input_file, is_s3
-from snapshot_assets.spark.state import StateBase, bounds_of, encode_net, sample_bounds
+from snapshot_assets.spark.state import BucketWriter, StateBase, bounds_of, encode_net, sample_bounds
 from snapshot_assets.spark.typed_copies import CopyTyper
 
 __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
@@ -401,13 +402,27 @@ class BufferSnapshotBase:
         the copied rows' typed cells come from the values that encoded them (`typed_copies`); the
         JVM types only the rows those kernels leave (`typed_columns(given=...)`)."""
         file = CopyFile.open(self._snapshot_segment(), self.s3)
+        encoded = encode_copy(spark, file, key_fields, formats, self._typer(formats, schema))
         if PARQUET_FORMAT not in formats:
-            return encode_copy(spark, file, key_fields, formats, None)
+            return encoded
+        assert schema is not None
+        return typed_columns(encoded, schema, given=TYPED_COLUMN)
+
+    def write_buckets(self, spark: SparkSession, key_fields: Sequence[str], formats: Sequence[str],
+                      schema: RowSchema | None, bounds: Sequence[bytes], scratch: Location,
+                      write: BucketWriter) -> list[Any] | None:
+        """The copy's buckets written without Spark's shuffle (`copy_tasks.write_buckets`): its
+        reports, or None when a row needs the JVM's typing (then build from `encoded`)."""
+        file = CopyFile.open(self._snapshot_segment(), self.s3)
+        return write_copy_buckets(spark, file, key_fields, formats, self._typer(formats, schema), bounds, scratch,
+                                  write)
+
+    def _typer(self, formats: Sequence[str], schema: RowSchema | None) -> CopyTyper | None:
+        if PARQUET_FORMAT not in formats:
+            return None
         if schema is None:
             raise ValueError("typing a copy's rows for parquet needs the table's schema")
-        image = snapshot_arrow_schema(schema)
-        typer = CopyTyper(schema, pa.struct(list(image)))
-        return typed_columns(encode_copy(spark, file, key_fields, formats, typer), schema, given=TYPED_COLUMN)
+        return CopyTyper(schema, pa.struct(list(snapshot_arrow_schema(schema))))
 
     def census(self, spark: SparkSession) -> Census:
         """What a full build must know before it buckets the rows (`Census`), in one pass of tasks

@@ -71,6 +71,7 @@ from snapshot_assets.spark.state import (
     StateBase,
     bucket_count,
     bucket_expr,
+    bucket_writer,
     buckets_from_reports,
     emptied,
     encode_rows,
@@ -91,6 +92,7 @@ class StateBuild:
     written: frozenset[int]
     blobs: Mapping[tuple[str, int], Path | Sent]
     mode: str
+    shuffle: str = "spark"  # how the rows reached their buckets: Spark's shuffle, or a copy's "runs" (copy_tasks)
 
 
 class _Pieces:
@@ -142,28 +144,49 @@ def _incremental_base(base: Base, fields: tuple[str, ...], formats: Sequence[str
     return layered
 
 
-def _full(spark: SparkSession, table: DataFrame, fields: tuple[str, ...], formats: Sequence[str], pool: Location,
-          pieces: _Pieces, state_dir: Location, position: str, bucket_bytes: int,
-          schema: RowSchema | None, census: Census | None = None, encoded: DataFrame | None = None) -> StateBuild:
-    """Type, encode and bucket every row of `table` (or, given, of `encoded`: its rows encoded and
-    typed already, with the `census` they were counted in). Without a `census`, `table` is read
-    three times (its count and size, a sample of its keys, its rows): it must be cheap to read again."""
-    if census is None:
+def _full(spark: SparkSession, table: DataFrame | None, fields: tuple[str, ...], formats: Sequence[str],
+          pool: Location, pieces: _Pieces, state_dir: Location, position: str, bucket_bytes: int,
+          schema: RowSchema | None, copy: BufferSnapshotBase | None = None, scratch: Location | None = None
+          ) -> StateBuild:
+    """Type, encode and bucket every row of `table`, or of the `copy` (initial load, re-sync: counted,
+    encoded once and, when its rows need no typing in the JVM, bucketed by copy_tasks' own tasks
+    through `scratch`, without Spark's shuffle). `table` is read three times (its count and size, a
+    sample of its keys, its rows): it must be cheap to read again."""
+    if copy is not None:
+        census = copy.census(spark)
+    else:
+        assert table is not None, "a full build reads a table or a copy"
         stats = table.selectExpr("count(*) AS n", "coalesce(sum(octet_length(row) + 1), 0) AS b").collect()[0]
         census = Census(int(stats["n"]), int(stats["b"]), table)
     bounds = census.bounds(bucket_count(census.rows, census.jsonl_bytes, bucket_bytes))
-    if encoded is None:
+    block = block_bytes_for(bucket_bytes)
+    reports: list[Any] | None = None
+    shuffle = "spark"
+    if copy is not None:
+        assert scratch is not None, "a copy's runs go to the build's scratch folder"
+        uploads = pieces.begin(len(bounds) + 1)
+        write = bucket_writer(pool, pieces.staged, formats, uploads, block, parquet=_parquet_schema(formats, schema))
+        reports = copy.write_buckets(spark, fields, formats, schema, bounds, scratch, write)
+        if reports is None:
+            log.info("snapshot at %s: a copied row needs the JVM's typing; bucketing through Spark's shuffle", position)
+            encoded = copy.encoded(spark, fields, formats, schema)
+        else:
+            shuffle = "runs"
+    else:
+        assert table is not None
         encoded = encode_rows(table, fields, formats)
         if "parquet" in formats:  # the typed columns, once per row as it enters; the schema once per epoch
             schema = schema or infer_row_schema(table)
             encoded = typed_columns(encoded, schema)
-    uploads = pieces.begin(len(bounds) + 1)
-    reports = write_buckets(encoded, bounds, range(len(bounds) + 1), pool, pieces.staged, formats, uploads,
-                            block_bytes_for(bucket_bytes), parquet=_parquet_schema(formats, schema))
+    if reports is None:
+        uploads = pieces.begin(len(bounds) + 1)
+        reports = write_buckets(encoded, bounds, range(len(bounds) + 1), pool, pieces.staged, formats, uploads, block,
+                                parquet=_parquet_schema(formats, schema))
     buckets = buckets_from_reports(reports, bounds)
     state = StateBase(state_dir.uri, position, sum(b.rows for b in buckets), fields, buckets, tuple(formats),
                       schema if "parquet" in formats else None, state_dir.s3)
-    return StateBuild(state, frozenset(i for i, b in enumerate(buckets) if b.path), pieces.blobs(reports), "full")
+    return StateBuild(state, frozenset(i for i, b in enumerate(buckets) if b.path), pieces.blobs(reports), "full",
+                      shuffle)
 
 
 def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | None, fields: tuple[str, ...],
@@ -323,7 +346,7 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
         regenerated = 0
         if previous is not None and any(f not in keys for f in wanted):
             state, again = regenerate(spark, state, untouched, pieces.staged, fmts, pieces.current(len(state.buckets)))
-            build = StateBuild(state, build.written, {**build.blobs, **pieces.blobs(again)}, build.mode)
+            build = replace(build, state=state, blobs={**build.blobs, **pieces.blobs(again)})
             regenerated = len({int(r["bucket"]) for r in again})
         staged: dict[str, StagedFormat] = {}
         for fid in fmts:
@@ -346,6 +369,7 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
     uploads = pieces.uploads
     built = BuiltArtifact("snapshot", None, to_position, state.rows, staged, truncated, time.monotonic() - started,
                           {"state": state, "base": base.describe(), "segments": len(segments), "mode": build.mode,
+                           "shuffle": build.shuffle,
                            "buckets": len(state.buckets), "rewritten": len(build.written),
                            "regenerated": regenerated}, uploads, sidecars)
     log.info("snapshot at %s (%s) from %s + %d segments: %d rows, %d of %d buckets written (%d regenerated: no "
@@ -383,18 +407,17 @@ def _state_build(spark: SparkSession, base: Base, segments: Sequence[SegmentRef]
         build = _full(spark, build.state.frame(spark, fields), fields, fmts, pool, pieces, state_path, to_position,
                       bucket_bytes, build.state.schema)
     elif build is None:
-        table, truncated = advance(spark, base, segments, fields, partitions=width, scratch=scratch, s3=buffer_s3)
-        census, encoded = None, None
         if isinstance(base, BufferSnapshotBase) and not segments and (schema is not None or "parquet" not in fmts):
-            # A copy (initial load, re-sync): counted and sampled from the buffer's own columns, so
-            # its rows are typed and encoded once, in the pass that buckets them
-            census, encoded = base.census(spark), base.encoded(spark, fields, fmts, schema)
+            # A copy (initial load, re-sync): counted, sampled and encoded by tasks reading the
+            # buffer's segment (copy_tasks.py), each row typed and encoded once
+            build = _full(spark, None, fields, fmts, pool, pieces, state_path, to_position, bucket_bytes, schema,
+                          copy=base, scratch=scratch)
         else:
             # `_full` reads the table three times (its size, the bucket sample, the buckets); from the
             # buffer each read would compute the rows' images in Python tasks again, and fold the window
+            table, truncated = advance(spark, base, segments, fields, partitions=width, scratch=scratch, s3=buffer_s3)
             table = materialize(table, scratch / "table")
-        build = _full(spark, table, fields, fmts, pool, pieces, state_path, to_position, bucket_bytes, schema, census,
-                      encoded)
+            build = _full(spark, table, fields, fmts, pool, pieces, state_path, to_position, bucket_bytes, schema)
     previous = layered.state if layered is not None and build.mode == "incremental" else None
     return build, previous, truncated
 

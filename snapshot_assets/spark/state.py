@@ -37,7 +37,7 @@ import itertools
 import json
 import math
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -448,6 +448,21 @@ def bucket_placement(buckets: Sequence[int]) -> str:
     return f"CASE bucket {arms} ELSE 0 END"
 
 
+BucketWriter = Callable[[Iterable[Any]], Iterator[Any]]
+
+
+def bucket_writer(pool: Path | Location, staging: Path | None, formats: Sequence[str], uploads: Uploads | None,
+                  block_bytes: int, *, into: StateBase | None = None, parquet: pa.Schema | None = None) -> BucketWriter:
+    """The task that writes buckets (`write_buckets`' arguments): batches of rows sorted by (bucket,
+    sk), with a `bucket` column, in; one report batch (REPORT_DDL) for the buckets it wrote, out.
+    Picklable: it runs in the tasks of `write_buckets` and of a copy's merge (copy_tasks.py)."""
+    stored = None if into is None else {i: b.path for i, b in enumerate(into.buckets) if b.path is not None}
+    return functools.partial(_bucket_task, pool=Location.of(pool).make(),
+                             staging=None if staging is None else str(staging), token=uuid.uuid4().hex[:12],
+                             formats=piece_formats(formats), uploads=uploads, block_bytes=block_bytes, stored=stored,
+                             s3=None if into is None else into.s3, parquet=parquet)
+
+
 def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: Sequence[int], pool: Path | Location,
                   staging: Path | None, formats: Sequence[str], uploads: Uploads | None = None,
                   block_bytes: int = BLOCK_BYTES, *, into: StateBase | None = None,
@@ -463,13 +478,7 @@ def write_buckets(encoded: DataFrame, bounds: Sequence[bytes], touched: Sequence
     With `into` (a state with these bounds), `encoded` holds changes (a deleted key: null row) and
     each bucket they fall in is that state's bucket with them merged in: the task rewriting it reads
     the stored rows file itself, so only the changes are shuffled, never the buckets' rows."""
-    where = Location.of(pool).make()
-    byte_formats = piece_formats(formats)
-    stored = None if into is None else {i: b.path for i, b in enumerate(into.buckets) if b.path is not None}
-    func = functools.partial(_bucket_task, pool=where, staging=None if staging is None else str(staging),
-                             token=uuid.uuid4().hex[:12], formats=byte_formats, uploads=uploads,
-                             block_bytes=block_bytes, stored=stored, s3=None if into is None else into.s3,
-                             parquet=parquet)
+    func = bucket_writer(pool, staging, formats, uploads, block_bytes, into=into, parquet=parquet)
     typed = [TYPED_COLUMN] if TYPED_COLUMN in encoded.columns else []
     frame = encoded.selectExpr(f"CAST({bucket_expr(bounds)} AS INT) AS bucket", "key", "sk", "row", "pb", "ver", *typed)
     frame = frame.selectExpr("*", f"{bucket_placement(touched)} AS task").repartition(max(1, len(set(touched))), "task")

@@ -10,8 +10,8 @@ The JVM's typing stays the definition: a cell is given here only where these ker
 produce the JVM's cell for that Go-JSON value, and a row with any other value is left null, for
 `typed_columns(..., given=...)` to type in the JVM (exactly as before, misfits refused there). Per
 column type, what is certain:
-- BOOL: `true`/`false`; INT16/INT32/INT64: an integer token of at most 18 digits within the type's
-  range (the JVM's `try_cast` of the same text);
+- BOOL: `true`/`false`; INT16/INT32/INT64: an integer token of at most 19 digits within the type's
+  range (the JVM's `try_cast` of the same text; snowflake ids have 19 digits);
 - FLOAT64: a number with a fraction or an exponent whose double is finite and not integral below
   1e21 (the JVM keeps it as is), or an integer of at most 15 digits other than `-0` (exact as a
   double, so it reads back with the same digits); both parse correctly rounded in Arrow and Java;
@@ -34,7 +34,8 @@ import pyarrow.compute as pc
 
 from snapshot_assets.archive.row_schema import ColumnType, RowSchema
 
-_INT_TOKEN = r"^-?[0-9]{1,18}$"
+_INT_TOKEN = r"^-?[0-9]{1,19}$"
+_INT64_TEXT = {False: ("^[0-9]{19}$", str(2**63 - 1)), True: ("^-[0-9]{19}$", str(-(2**63)))}
 _SHORT_INT = r"^(0|-?[1-9][0-9]{0,14})$"  # exact as a double; `-0` is not (it reads back as 0)
 _FRACTION = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
 _FLOAT_DIGIT = r"[0-9][.eE]"
@@ -79,6 +80,9 @@ def _cell(column_type: ColumnType, tokens: pa.Array, arrow_type: pa.DataType) ->
     elif column_type in _RANGES:
         low, high = _RANGES[column_type]
         number = pc.match_substring_regex(tokens, _INT_TOKEN)
+        for pattern, limit in _INT64_TEXT.values():  # 19 digits may pass int64: equal lengths compare as text
+            number = pc.and_(number, pc.invert(pc.and_(pc.match_substring_regex(tokens, pattern),
+                                                      pc.greater(tokens, limit))))
         value = pc.cast(pc.if_else(number, tokens, "0"), pa.int64())
         fits = pc.or_(null, pc.and_(number, pc.and_(pc.greater_equal(value, low), pc.less_equal(value, high))))
         cell = pc.cast(pc.if_else(fits, value, 0), arrow_type)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +87,16 @@ def row(i: int, version: int = 0) -> dict[str, Any]:
 CODEC = RowCodec(("id", "name", "note", "version"), ("int", "text", "text", "int"), KEYS)
 
 
-def copied(i: int) -> SnapshotRow:
-    r = row(i)
+def copied(i: int, make: Callable[[int], dict[str, Any]] = row) -> SnapshotRow:
+    r = make(i)
     return TextSnapshotRow(CODEC, tuple(str(r[name]) for name in CODEC.names))
 
 
 def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]], *,
-                text: bool = False, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS) -> tuple[BufferReader, list[str]]:
-    """A buffer: an initial load of `initial` rows (typed, or with `text` kept as column text),
-    then one transaction per wave of (action, i)."""
+                text: bool = False, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+                make: Callable[[int], dict[str, Any]] = row) -> tuple[BufferReader, list[str]]:
+    """A buffer: an initial load of `initial` rows `make(i)` (typed, or with `text` kept as column
+    text), then one transaction per wave of (action, i)."""
     lsn = 0x1000
     positions = []
     with ChangeBuffer(root, TABLE, seal_interval=3600.0, seal_changes=10_000, row_group_rows=row_group_rows) as buffer:
@@ -103,7 +105,7 @@ def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]],
         buffer.append(SchemaEvent(TableSchema(TABLE, columns)))
         buffer.append(ResyncBegin("initial load"))
         for i in range(initial):
-            buffer.append(copied(i) if text else SnapshotRow(row(i)))
+            buffer.append(copied(i, make) if text else SnapshotRow(make(i)))
         buffer.append(ResyncEnd(format_lsn(lsn), initial))
         positions.append(format_lsn(lsn))
         for w, wave in enumerate(waves, start=1):

@@ -10,12 +10,17 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from resources.destinations.local import LocalDestination
 from snapshot_assets.archive.changes import Action
+from snapshot_assets.archive.row_schema import ColumnType, RowSchema
 from snapshot_assets.archive.sortkey import sort_key
+from snapshot_assets.spark.assemble import assemble
 from snapshot_assets.spark.bases import BufferSnapshotBase
 from snapshot_assets.spark.copy_tasks import CopyFile, census, encode_copy
+from snapshot_assets.spark.snapshot import build_snapshot
 from snapshot_assets.spark.state import encode_rows
-from tests.spark.test_buckets import BIG, BYTE_FORMATS, KEYS, buffer_with
+from tests.spark.conftest import python_bytes
+from tests.spark.test_buckets import BIG, BYTE_FORMATS, KEYS, buffer_with, row
 
 INITIAL = 1_000
 
@@ -67,3 +72,35 @@ def test_the_census_counts_and_samples_the_same_rows_however_the_tasks_split_the
     assert codec is not None and rows == INITIAL and size > 0
     # a small copy is sampled whole
     assert found[0].samples == sorted(sort_key([BIG + i]) for i in range(INITIAL))
+
+
+SCHEMA = RowSchema.of([("id", ColumnType.INT64), ("name", ColumnType.STRING), ("note", ColumnType.STRING),
+                       ("version", ColumnType.INT32)])
+
+
+def _quoted_name(i: int) -> dict[str, Any]:
+    return {**row(i), "name": f'user "{i}"' if i == 77 else f"user {i}"}
+
+
+@pytest.mark.parametrize(("make", "shuffle"), [(row, "runs"), (_quoted_name, "spark")], ids=["typed-here", "jvm-typed"])
+def test_a_copy_is_bucketed_through_runs_unless_a_row_needs_the_jvms_typing(spark: Any, tmp_path: Path, make: Any,
+                                                                            shuffle: str) -> None:
+    """Every copied row typed by the task's kernels: the rows reach their buckets through the runs in
+    scratch (no Spark shuffle), and the scratch folder is gone after. A row with a quoted string is
+    typed by the JVM: the build goes through Spark's shuffle. Both archives hold the table."""
+    reader, positions = buffer_with(tmp_path / "buffer", INITIAL, [], text=True, make=make)
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    formats = (*BYTE_FORMATS, "parquet")
+    built = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
+                           formats, tmp_path / "staging", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024,
+                           schema=SCHEMA)
+    assert built.details["shuffle"] == shuffle and built.details["buckets"] > 3
+    assert not any((tmp_path / "staging" / "_work").glob("copy-*"))
+    refs = assemble(built, [LocalDestination(tmp_path / "archive")], "t", 1)
+    table = sorted((make(i) for i in range(INITIAL)), key=lambda r: sort_key([r["id"]]))
+    for fid in BYTE_FORMATS:
+        assert (tmp_path / "archive" / refs[fid].uri.split("/archive/", 1)[1]).read_bytes() == \
+            python_bytes(fid, "snapshot", table)
+    parquet = pq.read_table(tmp_path / "archive" / refs["parquet"].uri.split("/archive/", 1)[1])
+    assert parquet.select(["id", "name", "note", "version"]).to_pylist() == table

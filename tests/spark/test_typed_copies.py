@@ -100,6 +100,7 @@ def test_every_cell_given_is_the_jvms(spark: Any, rows: list[dict[str, str]]) ->
 @pytest.mark.parametrize(("column_type", "token", "cell"), [
     (ColumnType.BOOL, "true", True), (ColumnType.INT16, "-32768", -32768), (ColumnType.INT64, "9007199254740993",
                                                                              9007199254740993),
+    (ColumnType.INT64, "1152921504606846976", 2**60), (ColumnType.INT64, "-9223372036854775808", -(2**63)),
     (ColumnType.FLOAT64, "0.14285714285714285", 0.14285714285714285), (ColumnType.FLOAT64, "3", 3.0),
     (ColumnType.FLOAT64, "1e+21", 1e21), (ColumnType.STRING, '"user1@example.com"', "user1@example.com"),
     (ColumnType.STRING, '"2024-01-01T00:00:01Z"', "2024-01-01T00:00:01Z"), (ColumnType.STRING, '"é ✓"', "é ✓"),
@@ -118,6 +119,7 @@ def test_what_a_postgresql_copy_holds_is_typed_here(column_type: ColumnType, tok
 
 @pytest.mark.parametrize(("column_type", "token"), [
     (ColumnType.INT16, "40000"), (ColumnType.INT32, "12.5"), (ColumnType.INT64, "99999999999999999999"),
+    (ColumnType.INT64, "9223372036854775808"), (ColumnType.INT64, "-9223372036854775809"),
     (ColumnType.FLOAT64, "3.0"), (ColumnType.FLOAT64, "-0"), (ColumnType.FLOAT64, '"NaN"'),
     (ColumnType.FLOAT64, "123456789012345678"), (ColumnType.STRING, '"a\\nb"'), (ColumnType.STRING, "12"),
     (ColumnType.BOOL, '"t"'), (ColumnType.JSON, '{"a":1.5}'), (ColumnType.JSON, '"\\u003c"'), (ColumnType.JSON, "-0"),
