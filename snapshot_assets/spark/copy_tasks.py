@@ -37,6 +37,7 @@ from resources.buffer.segments import SCHEMA, TYPED_COLUMN
 from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive import versions
 from snapshot_assets.archive.sortkey import sort_keys
+from snapshot_assets.spark.effects import ddl_of
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import image_type
 from snapshot_assets.spark.remote_io import conformed, input_file, task_partition
@@ -50,8 +51,8 @@ TASK_ROWS = 250_000
 #: not depend on how the row groups are split into tasks): about 32 a bucket for 2,000 buckets.
 SAMPLE_ROWS = 1 << 16
 _BATCH_ROWS = 10_000
-_CENSUS_DDL = "codec STRING, n BIGINT, b BIGINT, sk BINARY"
 _CENSUS_ARROW = pa.schema([("codec", pa.string()), ("n", pa.int64()), ("b", pa.int64()), ("sk", pa.binary())])
+_CENSUS_DDL = ddl_of(_CENSUS_ARROW)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +209,8 @@ def census(spark: SparkSession, file: CopyFile) -> CopyCensus:
 #: What a run task raises when the typer left a row to the JVM's typing (`typed_columns(given=...)`):
 #: the driver then builds the copy through Spark's shuffle, where the JVM types those rows.
 NEEDS_JVM_TYPING = "snapshotter-copy-needs-jvm-typing"
-_RUNS_DDL = "bucket INT, uri STRING, first INT, stop INT"
 _RUNS_ARROW = pa.schema([("bucket", pa.int32()), ("uri", pa.string()), ("first", pa.int32()), ("stop", pa.int32())])
+_RUNS_DDL = ddl_of(_RUNS_ARROW)
 _RUN_BATCH_ROWS = 65_536
 
 

@@ -80,7 +80,8 @@ NET_DDL = "key STRING, action STRING, change_key STRING, old STRING, new STRING,
 #: encodes it then).
 STATE_ARROW = pa.schema([("key", pa.string()), ("row", pa.string()), ("ver", pa.string()), RECORD_COLUMN])
 STATE_DDL = ddl_of(STATE_ARROW)
-#: A buffer row's version text (`archive.versions.version_text` in SQL): the one definition over the buffer's columns.
+#: A buffer row's version text (`archive.versions.version_text` in SQL): the one definition over the buffer's
+#: columns (`copy_tasks.copy_versions` is its Arrow form for copied rows, held to it by tests/spark/test_copy_tasks.py).
 VERSION_SQL = (f"concat_ws('{versions.SEP}', position, coalesce(commit_time, ''), "
                f"IF(action = 'SNAPSHOT', '{versions.COPY}', '{versions.CHANGE}'))")
 _CHANGES = "action IN ('INSERT', 'UPDATE', 'DELETE')"
