@@ -47,6 +47,9 @@ from snapshot_assets.spark.typed_copies import CopyTyper
 #: Rows one task reads and encodes (whole row groups, so a task may take more): a 1,000,000-row
 #: copy is 4 tasks, as many as a local runtime's cores; a larger one spreads over a cluster.
 TASK_ROWS = 250_000
+#: And at most this much of the segment's column data (uncompressed), so a table of wide rows is cut
+#: finer: a task holds its slice's encoded rows (about 2-3 times that) while it sorts them.
+TASK_BYTES = 128 << 20
 #: Keys the census samples for the bucket bounds (every n-th row of the file, so the sample does
 #: not depend on how the row groups are split into tasks): about 32 a bucket for 2,000 buckets.
 SAMPLE_ROWS = 1 << 16
@@ -74,17 +77,19 @@ class CopyFile:
     slices: tuple[Slice, ...]
 
     @classmethod
-    def open(cls, segment: SegmentRef, s3: S3Connection | None, task_rows: int = TASK_ROWS) -> CopyFile:
+    def open(cls, segment: SegmentRef, s3: S3Connection | None, task_rows: int = TASK_ROWS,
+             task_bytes: int = TASK_BYTES) -> CopyFile:
         """The segment's slices, from its file's footer (the one read the driver makes)."""
         with input_file(segment.path, s3) as source:
             meta = pq.ParquetFile(source).metadata
         slices: list[Slice] = []
-        first = offset = taken = 0
+        first = offset = taken = size = 0
         for group in range(meta.num_row_groups):
             taken += meta.row_group(group).num_rows
-            if taken >= task_rows or group == meta.num_row_groups - 1:
+            size += meta.row_group(group).total_byte_size
+            if taken >= task_rows or size >= task_bytes or group == meta.num_row_groups - 1:
                 slices.append(Slice(first, group + 1, offset))
-                first, offset, taken = group + 1, offset + taken, 0
+                first, offset, taken, size = group + 1, offset + taken, 0, 0
         return cls(segment, s3, meta.num_rows, tuple(slices))
 
     def frame(self, spark: SparkSession, task: Any, schema: str | StructType) -> DataFrame:

@@ -46,6 +46,7 @@ def test_slices_cover_the_row_groups_in_order(copy: BufferSnapshotBase) -> None:
         assert all(a.stop == b.first and b.offset > a.offset for a, b in itertools.pairwise(file.slices))
     assert len(CopyFile.open(copy.segment, None, 1).slices) == groups
     assert len(CopyFile.open(copy.segment, None, 10**9).slices) == 1
+    assert len(CopyFile.open(copy.segment, None, 10**9, task_bytes=1).slices) == groups  # wide rows: cut by bytes
 
 
 def _rows(frame: Any) -> list[tuple[Any, ...]]:
