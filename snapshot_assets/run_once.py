@@ -31,6 +31,10 @@ from snapshot_assets.spark.session import warm_local_server
 
 log = logging.getLogger(__name__)
 RUN_MEASURE_BUDGET_S = 300.0  # seconds `run --once` may spend measuring pending diffs (it runs Spark anyway)
+#: `source_position_now` for a PostgreSQL table without its slot: the ingest starts with a copy of the
+#: table taken after that call (an initial load, or a lost slot's re-sync), so the buffer holds
+#: everything the source had once a durable position other than the one at the start appears.
+NEXT_COPY = "the copy of the table"
 
 
 @dataclass
@@ -48,9 +52,10 @@ def source_position_now(table: TableConfig) -> str | None:
     transaction that touched the table, always below `pg_current_wal_lsn()`: the target is that
     commit LSN, found by peeking the table's slot (without consuming it) up to the current WAL
     position — the final LSN of the last transaction there with a change of the table — or ""
-    when nothing is pending after the slot's confirmed position. None when the source cannot tell
-    (another source type; no slot yet, where the initial load covers everything; a peek refused,
-    say by a slot in use): the caller then waits for the stream to go quiet instead.
+    when nothing is pending after the slot's confirmed position; NEXT_COPY when the table has no
+    slot yet (the copy the ingest starts with covers everything). None when the source cannot tell
+    (another source type; a peek refused, say by a slot in use): the caller then waits for the
+    stream to go quiet instead.
     """
     if table.source.type != "postgres":
         return None
@@ -62,8 +67,11 @@ def source_position_now(table: TableConfig) -> str | None:
     publication = table.source.publication or slot
     try:
         with contextlib.closing(psycopg2.connect(table.source.dsn)) as conn, conn, conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND NOT active", (slot,))
-            if cur.fetchone() is None:
+            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            found = cur.fetchone()
+            if found is None:
+                return NEXT_COPY
+            if found[0]:
                 return None
             # pgoutput v1 messages: Begin = 'B' (66) + final (commit) LSN as int64; changes are
             # Insert 'I' (73), Update 'U' (85), Delete 'D' (68), Truncate 'T' (84).
@@ -111,11 +119,20 @@ def ingest_until_caught_up(table: TableConfig, *, idle_s: float = 2.0, timeout_s
         except BaseException as e:  # surfaced below, with the table's name
             errors.append(e)
 
+    reader = BufferReader(table.buffer.path, table.name, storage=buffer_storage(table))
+    start = _durable(reader)  # before the ingest begins: a copy made durable after it is new
     thread = threading.Thread(target=work, name=f"ingest-{table.name}")
     thread.start()
-    reader = BufferReader(table.buffer.path, table.name, storage=buffer_storage(table))
     last, last_change, deadline = None, time.monotonic(), time.monotonic() + timeout_s
-    shown = _IngestShown(table.name, view, _durable(reader))
+    shown = _IngestShown(table.name, view, start)
+
+    def reached(durable: str | None) -> bool:
+        if durable is None or target is None:
+            return False
+        if target == NEXT_COPY:
+            return durable != start
+        return not target or cmp(durable, target) >= 0
+
     try:
         while thread.is_alive():
             thread.join(timeout=0.2)
@@ -123,7 +140,7 @@ def ingest_until_caught_up(table: TableConfig, *, idle_s: float = 2.0, timeout_s
             if durable != last:
                 last, last_change = durable, time.monotonic()
                 shown.update(reader, durable)
-            if target is not None and durable is not None and (not target or cmp(durable, target) >= 0):
+            if reached(durable):
                 break
             if target is None and durable is not None and time.monotonic() - last_change >= idle_s:
                 break

@@ -151,13 +151,17 @@ class OpenBatch:
 
 
 class OpenResync:
-    """A re-sync in progress: rows stream into local staging until ResyncEnd names their position."""
+    """A re-sync in progress: rows stream into local staging until ResyncEnd names their position.
+
+    Its segment's HyperLogLog sketch is left empty: a copy holds each key once (`changes` is its
+    distinct count), and the churn rule merges the sketches of change segments only
+    (`BufferReader.stats`), so hashing every key of the table would cost Python per row for nothing.
+    """
 
     def __init__(self, first_seq: int, row_group_rows: int, begin_position: str | None, reason: str) -> None:
         self._staging = SnapshotStaging(row_group_rows)
         self._pending: list[RowTuple] = []
         self._row_group_rows = row_group_rows
-        self._hll = HyperLogLog()
         self.first_seq = first_seq
         self.rows = 0
         self.begin_position = begin_position
@@ -174,7 +178,6 @@ class OpenResync:
         else:
             encoded = encode_snapshot_row(event.row, self.next_seq, key_fields, "", self._where())
         self._pending.append(encoded)
-        self._hll.add(encoded[3] or "")
         self.rows += 1
         if len(self._pending) >= self._row_group_rows:
             self._staging.write(self._pending)
@@ -192,7 +195,6 @@ class OpenResync:
         self._staging.write(self._pending)  # the rows before it, in order
         self._pending = []
         self._staging.write_batch(encoded)
-        self._hll.update(encoded.column("key").to_pylist())
         self.rows += encoded.num_rows
 
     def _where(self) -> str:
@@ -209,7 +211,7 @@ class OpenResync:
                 number=target.number, kind="snapshot", from_position=target.from_position,
                 to_position=position, first_position=position if self.rows else None,
                 first_seq=self.first_seq, last_seq=self.first_seq + self.rows - 1, changes=self.rows,
-                hll=self._hll.to_text(), first_arrival=self.started_at, sealed_at=time.time(),
+                hll=HyperLogLog().to_text(), first_arrival=self.started_at, sealed_at=time.time(),
                 resync=ResyncInfo(self.reason, self.begin_position, self.rows),
             )
             return writer.seal(meta, target.table, target.schema)

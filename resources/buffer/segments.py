@@ -66,6 +66,7 @@ from typing import Any, BinaryIO, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from resources.buffer.storage import BufferStorage
@@ -554,45 +555,49 @@ class SegmentWriter:
 class SnapshotStaging:
     """Re-sync rows as they arrive, before their position (the re-sync's end) is known.
 
-    Rows stream into an anonymous local temp file (unlinked: even SIGKILL leaves nothing behind) in
-    row groups, so memory stays one row group whatever the table size. At the end, `copy_to`
-    streams them into the real segment with the position filled in: one extra sequential pass,
-    paid only on an initial load or a re-sync.
+    Rows stream into an anonymous local temp file (unlinked: even SIGKILL leaves nothing behind)
+    as Arrow IPC record batches (lz4), counted into the row groups the segment will have, so memory
+    holds one batch whatever the table size. At the end, `copy_to` streams them into the real segment with the position
+    filled in: one extra sequential pass, paid only on an initial load or a re-sync.
+
+    Why Arrow IPC and not parquet: the staged rows are read back once, in order, on this host; a
+    parquet writer would compress them with the segment's codec twice (1,000,000 rows of the
+    benchmark's table: 1.4 s to stage and 0.35 s to read back, against about 0.3 s in all as IPC).
     """
 
     def __init__(self, row_group_rows: int) -> None:
         self._file: BinaryIO = tempfile.TemporaryFile()  # noqa: SIM115 - closed by copy_to/discard
-        self._writer = pq.ParquetWriter(self._file, SCHEMA, compression=COMPRESSION)
+        self._writer = ipc.new_file(self._file, SCHEMA, options=ipc.IpcWriteOptions(compression="lz4"))
         self._row_group_rows = row_group_rows
-        self._held: list[pa.RecordBatch] = []  # rows not written yet: a row group is written whole
-        self._held_rows = 0
+        self._groups: list[int] = []  # staged batches per row group, in order (the last one open)
+        self._open_rows = 0  # rows of the open (last) row group
 
     def write(self, rows: Sequence[RowTuple]) -> None:
         if rows:
             self.write_batch(record_batch(rows))
 
     def write_batch(self, batch: pa.RecordBatch) -> None:
-        """Rows already encoded as a record batch (`encode_text_snapshot_batch`), held until they
-        make a row group of `row_group_rows` (small row groups cost the writer and every reader)."""
+        """Rows already encoded as a record batch (`encode_text_snapshot_batch`); batches make a
+        row group until it holds `row_group_rows` (small row groups cost the writer and every reader)."""
         if batch.num_rows:
-            self._held.append(batch)
-            self._held_rows += batch.num_rows
-            if self._held_rows >= self._row_group_rows:
-                self._flush()
-
-    def _flush(self) -> None:
-        if self._held:
-            self._writer.write_table(pa.Table.from_batches(self._held, SCHEMA), row_group_size=self._held_rows)
-            self._held, self._held_rows = [], 0
+            self._writer.write_batch(batch)
+            if not self._open_rows:
+                self._groups.append(0)
+            self._groups[-1] += 1
+            self._open_rows += batch.num_rows
+            if self._open_rows >= self._row_group_rows:
+                self._open_rows = 0
 
     def copy_to(self, target: SegmentWriter, position: str) -> None:
-        self._flush()
+        """Every staged row group into `target`, its `position` column filled in."""
         self._writer.close()
         self._file.seek(0)
-        staged = pq.ParquetFile(self._file)
-        for i in range(staged.num_row_groups):
-            group = staged.read_row_group(i)
-            stamped = pa.array([position] * group.num_rows, type=pa.string())
+        staged = ipc.open_file(self._file)
+        first = 0
+        for count in self._groups:
+            group = pa.Table.from_batches([staged.get_batch(i) for i in range(first, first + count)], SCHEMA)
+            first += count
+            stamped = pa.repeat(pa.scalar(position, pa.string()), group.num_rows)
             target.write_batch(group.set_column(_POSITION_COLUMN, SCHEMA.field("position"), stamped))
         self._file.close()
 

@@ -22,12 +22,14 @@ from typing import Any
 
 import pytest
 
+from resources.buffer import BufferReader
 from resources.subscribers.errors import KeyMismatch
 from resources.subscribers.events import ChangeEvent, ResyncEnd, SchemaEvent, TxEnd
 from resources.subscribers.postgres import PostgresSubscriber
 from snapshot_assets.archive.changes import Action, Row
 from snapshot_assets.archive.keys import TypedKey, typed_key
 from snapshot_assets.archive.manifest import utc_now
+from snapshot_assets.archive.positions import compare_lsn
 from snapshot_assets.archive.reader import ArchiveReader
 from snapshot_assets.config import TableConfig, parse_config
 from snapshot_assets.pipeline.table import TablePipeline
@@ -175,6 +177,23 @@ def test_the_ingest_loop_says_when_work_is_pending(table: Table, tmp_path: Path)
     table.run(f"INSERT INTO {table.name} VALUES (2, 2, false)")
     ingest("a new row")
     assert calls == ["initial load", "a new row"]
+
+
+def test_the_ingest_loop_ends_when_the_copy_is_durable(table: Table, tmp_path: Path) -> None:
+    """Without its slot, the table is copied first: `run --once` is caught up once that copy is
+    durable, without waiting for the stream to go quiet (idle_s longer than timeout_s would time out)."""
+    table.run(USER_ID.format(t=table.name), f"INSERT INTO {table.name} VALUES (1, 1, true)")
+    config = table_config(table, tmp_path)
+    config = dataclasses.replace(config, source=dataclasses.replace(config.source, recreate_slot_on_loss=True))
+    reader = BufferReader(config.buffer.path, config.name)
+    first = ingest_until_caught_up(config, idle_s=600, timeout_s=60)  # the initial load
+    assert first is not None and reader.durable_position() == first
+    table.run(f"SELECT pg_drop_replication_slot('{table.slot}')",  # a lost slot: the table is copied again
+              f"INSERT INTO {table.name} VALUES (2, 2, false)")
+    again = ingest_until_caught_up(config, idle_s=600, timeout_s=60)
+    assert again is not None and compare_lsn(again, first) > 0
+    copy = [s for s in reader.all_segments() if s.kind == "snapshot"][-1]
+    assert copy.to_position == again and copy.changes == 2
 
 
 # --- the pipeline: unset key_fields means the source's key, end to end --------------------------------
