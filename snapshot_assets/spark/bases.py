@@ -24,6 +24,7 @@ on a cluster the tasks read them from S3 themselves); an artifact base is read f
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import itertools
@@ -50,9 +51,9 @@ from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.keys import key_json, typed_key
 from snapshot_assets.archive.positions import Comparator, compare_lsn
 from snapshot_assets.archive.row_schema import RowSchema
-from snapshot_assets.spark.copy_tasks import CopyFile, encode_copy
+from snapshot_assets.spark.copy_tasks import CopyFile, SortedRuns, encode_copy
 from snapshot_assets.spark.copy_tasks import census as copy_census
-from snapshot_assets.spark.copy_tasks import write_buckets as write_copy_buckets
+from snapshot_assets.spark.copy_tasks import sorted_runs as copy_runs
 from snapshot_assets.spark.effects import (
     NET_DDL,
     STATE_ARROW,
@@ -64,7 +65,7 @@ from snapshot_assets.spark.effects import (
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
 from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, snapshot_arrow_schema, typed_columns
 from snapshot_assets.spark.remote_io import input_file, is_s3
-from snapshot_assets.spark.state import BucketWriter, StateBase, bounds_of, encode_net, sample_bounds
+from snapshot_assets.spark.state import StateBase, bounds_of, encode_net, sample_bounds
 from snapshot_assets.spark.typed_copies import CopyTyper
 
 __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
@@ -408,14 +409,14 @@ class BufferSnapshotBase:
         assert schema is not None
         return typed_columns(encoded, schema, given=TYPED_COLUMN)
 
-    def write_buckets(self, spark: SparkSession, key_fields: Sequence[str], formats: Sequence[str],
-                      schema: RowSchema | None, bounds: Sequence[bytes], scratch: Location,
-                      write: BucketWriter) -> list[Any] | None:
-        """The copy's buckets written without Spark's shuffle (`copy_tasks.write_buckets`): its
-        reports, or None when a row needs the JVM's typing (then build from `encoded`)."""
+    def sorted_runs(self, spark: SparkSession, key_fields: Sequence[str], formats: Sequence[str],
+                    schema: RowSchema | None, scratch: Location, bucket_bytes: int
+                    ) -> contextlib.AbstractContextManager[SortedRuns | None]:
+        """The copy encoded into sorted runs in `scratch`, ready to be merged into buckets without
+        Spark's shuffle (`copy_tasks.sorted_runs`), or None when a row needs the JVM's typing (then
+        count it with `census` and build from `encoded`)."""
         file = CopyFile.open(self._snapshot_segment(), self.s3)
-        return write_copy_buckets(spark, file, key_fields, formats, self._typer(formats, schema), bounds, scratch,
-                                  write)
+        return copy_runs(spark, file, key_fields, formats, self._typer(formats, schema), scratch, bucket_bytes)
 
     def _typer(self, formats: Sequence[str], schema: RowSchema | None) -> CopyTyper | None:
         if PARQUET_FORMAT not in formats:

@@ -148,40 +148,46 @@ def _full(spark: SparkSession, table: DataFrame | None, fields: tuple[str, ...],
           pool: Location, pieces: _Pieces, state_dir: Location, position: str, bucket_bytes: int,
           schema: RowSchema | None, copy: BufferSnapshotBase | None = None, scratch: Location | None = None
           ) -> StateBuild:
-    """Type, encode and bucket every row of `table`, or of the `copy` (initial load, re-sync: counted,
-    encoded once and, when its rows need no typing in the JVM, bucketed by copy_tasks' own tasks
-    through `scratch`, without Spark's shuffle). `table` is read three times (its count and size, a
-    sample of its keys, its rows): it must be cheap to read again."""
+    """Type, encode and bucket every row of `table`, or of the `copy` (initial load, re-sync: encoded
+    once into sorted runs in `scratch` whose reports are its census, and merged into buckets by
+    copy_tasks' own tasks without Spark's shuffle, unless a row needs typing in the JVM). `table`
+    is read three times (its count and size, a sample of its keys, its rows): it must be cheap to
+    read again."""
+    parquet = _parquet_schema(formats, schema)
+    block = block_bytes_for(bucket_bytes)
     if copy is not None:
+        assert scratch is not None, "a copy's runs go to the build's scratch folder"
+        with copy.sorted_runs(spark, fields, formats, schema, scratch, bucket_bytes) as runs:
+            if runs is not None:
+                census = Census(runs.rows, runs.jsonl_bytes, samples=runs.samples)
+                bounds = census.bounds(bucket_count(census.rows, census.jsonl_bytes, bucket_bytes))
+                write = bucket_writer(pool, pieces.staged, formats, pieces.begin(len(bounds) + 1), block,
+                                      parquet=parquet)
+                return _state_build_of(runs.write(spark, bounds, write), bounds, pieces, state_dir, position, fields,
+                                       formats, schema, "runs")
+        log.info("snapshot at %s: a copied row needs the JVM's typing; bucketing through Spark's shuffle", position)
         census = copy.census(spark)
+        encoded = copy.encoded(spark, fields, formats, schema)
     else:
         assert table is not None, "a full build reads a table or a copy"
         stats = table.selectExpr("count(*) AS n", "coalesce(sum(octet_length(row) + 1), 0) AS b").collect()[0]
         census = Census(int(stats["n"]), int(stats["b"]), table)
-    bounds = census.bounds(bucket_count(census.rows, census.jsonl_bytes, bucket_bytes))
-    block = block_bytes_for(bucket_bytes)
-    reports: list[Any] | None = None
-    shuffle = "spark"
-    if copy is not None:
-        assert scratch is not None, "a copy's runs go to the build's scratch folder"
-        uploads = pieces.begin(len(bounds) + 1)
-        write = bucket_writer(pool, pieces.staged, formats, uploads, block, parquet=_parquet_schema(formats, schema))
-        reports = copy.write_buckets(spark, fields, formats, schema, bounds, scratch, write)
-        if reports is None:
-            log.info("snapshot at %s: a copied row needs the JVM's typing; bucketing through Spark's shuffle", position)
-            encoded = copy.encoded(spark, fields, formats, schema)
-        else:
-            shuffle = "runs"
-    else:
-        assert table is not None
         encoded = encode_rows(table, fields, formats)
         if "parquet" in formats:  # the typed columns, once per row as it enters; the schema once per epoch
             schema = schema or infer_row_schema(table)
             encoded = typed_columns(encoded, schema)
-    if reports is None:
-        uploads = pieces.begin(len(bounds) + 1)
-        reports = write_buckets(encoded, bounds, range(len(bounds) + 1), pool, pieces.staged, formats, uploads, block,
-                                parquet=_parquet_schema(formats, schema))
+            parquet = _parquet_schema(formats, schema)
+    bounds = census.bounds(bucket_count(census.rows, census.jsonl_bytes, bucket_bytes))
+    uploads = pieces.begin(len(bounds) + 1)
+    reports = write_buckets(encoded, bounds, range(len(bounds) + 1), pool, pieces.staged, formats, uploads, block,
+                            parquet=parquet)
+    return _state_build_of(reports, bounds, pieces, state_dir, position, fields, formats, schema, "spark")
+
+
+def _state_build_of(reports: list[Any], bounds: Sequence[bytes], pieces: _Pieces, state_dir: Location, position: str,
+                    fields: tuple[str, ...], formats: Sequence[str], schema: RowSchema | None,
+                    shuffle: str) -> StateBuild:
+    """A full build's new state, from its bucket tasks' reports."""
     buckets = buckets_from_reports(reports, bounds)
     state = StateBase(state_dir.uri, position, sum(b.rows for b in buckets), fields, buckets, tuple(formats),
                       schema if "parquet" in formats else None, state_dir.s3)

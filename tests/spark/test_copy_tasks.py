@@ -16,9 +16,10 @@ from snapshot_assets.archive.row_schema import ColumnType, RowSchema
 from snapshot_assets.archive.sortkey import sort_key
 from snapshot_assets.spark.assemble import assemble
 from snapshot_assets.spark.bases import BufferSnapshotBase
-from snapshot_assets.spark.copy_tasks import CopyFile, census, encode_copy
+from snapshot_assets.spark.copy_tasks import CopyFile, census, encode_copy, sorted_runs
+from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.snapshot import build_snapshot
-from snapshot_assets.spark.state import encode_rows
+from snapshot_assets.spark.state import bounds_of, bucket_count, bucket_writer, encode_rows
 from tests.spark.conftest import python_bytes
 from tests.spark.test_buckets import BIG, BYTE_FORMATS, KEYS, buffer_with, row
 
@@ -105,3 +106,36 @@ def test_a_copy_is_bucketed_through_runs_unless_a_row_needs_the_jvms_typing(spar
             python_bytes(fid, "snapshot", table)
     parquet = pq.read_table(tmp_path / "archive" / refs["parquet"].uri.split("/archive/", 1)[1])
     assert parquet.select(["id", "name", "note", "version"]).to_pylist() == table
+
+
+def test_sorted_runs_are_the_census_and_each_bucket_gets_exactly_its_key_range(spark: Any, tmp_path: Path) -> None:
+    """Two runs of 1,500 rows in record batches of 1,024 (the smallest), merged into ~40 buckets:
+    the runs' reports count the rows and their exact jsonl bytes, sample every key of a small copy,
+    and each bucket's rows file holds exactly the keys in [its bound, the next), sorted."""
+    rows = 3_000
+    reader, _ = buffer_with(tmp_path / "buffer", rows, [], text=True, row_group_rows=250)
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    file = CopyFile.open(reader.segment_ref(resync.segment), None, task_rows=1_500)
+    assert len(file.slices) == 2
+    table = sorted((row(i) for i in range(rows)), key=lambda r: sort_key([r["id"]]))
+    keys = [sort_key([r["id"]]) for r in table]
+    with sorted_runs(spark, file, KEYS, BYTE_FORMATS, None, Location.of(tmp_path / "scratch"), 8 << 10) as runs:
+        assert runs is not None
+        assert runs.rows == rows and runs.jsonl_bytes == len(python_bytes("jsonl", "snapshot", table))
+        assert runs.samples == keys  # under SAMPLE_ROWS rows: every key
+        assert len(runs.batches) == 4 and all(b.first <= b.last for b in runs.batches)
+        bounds = bounds_of(runs.samples, bucket_count(runs.rows, runs.jsonl_bytes, 8 << 10))
+        assert len(bounds) > 30
+        write = bucket_writer(tmp_path / "pool", tmp_path / "staging", BYTE_FORMATS, None, 4096)
+        reports = runs.write(spark, bounds, write)
+    assert not any((tmp_path / "scratch").glob("copy-*"))
+    lowers, uppers = [b"", *bounds], [*bounds, None]
+    held: list[bytes] = []
+    for r in {int(r["bucket"]): r for r in reports}.values():
+        bucket = int(r["bucket"])
+        sks = [bytes(sk) for sk in pq.read_table(r["path"], columns=["sk"]).column("sk").to_pylist()]
+        assert sks == sorted(sks) and len(sks) == int(r["rows"])
+        assert all(lowers[bucket] <= sk and (uppers[bucket] is None or sk < uppers[bucket]) for sk in sks)
+        held.extend(sks)
+    assert sorted(held) == keys
