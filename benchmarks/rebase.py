@@ -73,7 +73,12 @@ from benchmarks.pipeline import _status_kb, machine_facts, mib, reset_peak_rss, 
 from benchmarks.report import DOCS, write_section  # noqa: E402
 from snapshot_assets.config import load_config  # noqa: E402
 from snapshot_assets.pipeline.table import TablePipeline  # noqa: E402
-from snapshot_assets.spark.connect_server import local_server_info, stop_local_connect_server  # noqa: E402
+from snapshot_assets.spark.connect_server import (  # noqa: E402
+    class_archive,
+    local_server_info,
+    pyspark_home,
+    stop_local_connect_server,
+)
 from snapshot_assets.spark.session import LOCAL_DEFAULTS  # noqa: E402
 from tests.e2e.conftest import e2e_env  # noqa: E402
 from tests.pg.conftest import PgCluster  # noqa: E402
@@ -633,7 +638,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows < 10_000 or args.repeat < 1:
         p.error("--rows must be at least 10,000 and --repeat at least 1")
     started = time.perf_counter()
-    facts = machine_facts()
+    archive = class_archive(pyspark_home())
+    facts = machine_facts() + ("; the Spark Connect server's JVM maps the class-data archive an earlier server "
+                               "wrote" if archive is not None and archive.is_file() else
+                               "; no JVM class-data archive at the start (the first server writes it as it ends)")
     print(f"{facts}\nload average at start: {os.getloadavg()[0]:.1f}", flush=True)
     with workspace(args.keep) as work, private_cluster() as cluster:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanups on a kill
