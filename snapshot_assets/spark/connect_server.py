@@ -40,8 +40,10 @@ Class-data archive: most of a server's start is the JVM loading and verifying Sp
 server started where no archive exists yet writes the classes it loaded to a JVM class-data archive
 when it ends (`-XX:ArchiveClassesAtExit`, to a `.part` file of its own); the stop that saw it end
 on SIGTERM promotes that file (one rename), and every later server maps it (`-XX:SharedArchiveFile`):
-on 2 quiet cores the server answered in 3.1-3.5 s instead of 5.7-6.2 s. Archives live in `class_archive_dir()` (`$SNAPSHOTTER_JVM_CACHE`, else the user's cache folder), one per JVM
-binary and pyspark install, so every state directory of the machine shares it. A dump cut short
+on 2 quiet cores the server answered in 3.1-3.5 s instead of 5.7-6.2 s. The one server that writes
+it starts slower (11 s) and takes about 9 s longer to stop. Archives live in `class_archive_dir()`
+(`$SNAPSHOTTER_JVM_CACHE`, else the user's cache folder), one per JVM binary and pyspark install,
+so every state directory of the machine shares it. A dump cut short
 (SIGKILL) is deleted, never promoted; an archive the JVM cannot use is ignored by the JVM itself
 (`-Xshare:auto`) and deleted once the server runs without it mapped, and a server that fails to
 start with one is started again without it, the archive deleted.
