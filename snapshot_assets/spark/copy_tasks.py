@@ -44,7 +44,7 @@ from snapshot_assets.spark.effects import ddl_of
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import image_type
 from snapshot_assets.spark.remote_io import conformed, input_file, task_partition
-from snapshot_assets.spark.state import REPORT_DDL, ROWS_DDL, BucketWriter, copy_batches
+from snapshot_assets.spark.state import REPORT_DDL, ROWS_DDL, BucketWriter, bucket_of, copy_batches, in_bucket
 from snapshot_assets.spark.typed_copies import CopyTyper
 
 #: Rows one task reads and encodes (whole row groups, so a task may take more): a 1,000,000-row
@@ -298,12 +298,7 @@ def _merge_task(batches: Iterable[pa.RecordBatch], runs: Mapping[int, Mapping[st
             if not pieces:
                 continue
             rows = pa.Table.from_batches(pieces)
-            mine = pa.array(np.ones(rows.num_rows, dtype=bool))
-            if bucket > 0:
-                mine = pc.and_(mine, pc.greater_equal(rows.column("sk"), pa.scalar(bounds[bucket - 1], pa.binary())))
-            if bucket < len(bounds):
-                mine = pc.and_(mine, pc.less(rows.column("sk"), pa.scalar(bounds[bucket], pa.binary())))
-            rows = rows.filter(mine).sort_by("sk").combine_chunks()
+            rows = rows.filter(in_bucket(rows.column("sk"), bounds, bucket)).sort_by("sk").combine_chunks()
             if not rows.num_rows:
                 continue
             rows = rows.add_column(0, "bucket", pa.array(np.full(rows.num_rows, bucket, dtype=np.int32)))
@@ -320,9 +315,10 @@ class RunBatch:
     first: bytes
     last: bytes
 
-    def meets(self, lower: bytes | None, upper: bytes | None) -> bool:
-        """Whether some of its rows may fall in [lower, upper) (None: unbounded)."""
-        return (lower is None or self.last >= lower) and (upper is None or self.first < upper)
+    def buckets(self, bounds: Sequence[bytes]) -> range:
+        """The buckets some of its rows may fall in: those of its first and last sort key and any
+        between (`state.bucket_of`, the one rule)."""
+        return range(bucket_of(bounds, self.first), bucket_of(bounds, self.last) + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,14 +336,11 @@ class SortedRuns:
         """One task per bucket (`len(bounds) + 1`): it reads the run batches that meet its key range,
         keeps its rows, merges them by sk and hands them to `write` (state.bucket_writer); the
         tasks' reports (REPORT_DDL)."""
-        lowers: list[bytes | None] = [None, *bounds]
-        uppers: list[bytes | None] = [*bounds, None]
         runs: dict[int, dict[str, list[int]]] = {}
-        for i, (lower, upper) in enumerate(zip(lowers, uppers, strict=True)):
-            for b in self.batches:
-                if b.meets(lower, upper):
-                    runs.setdefault(i, {}).setdefault(b.uri, []).append(b.index)
-        count = len(lowers)  # task i merges bucket i (one without rows writes nothing)
+        for b in self.batches:
+            for i in b.buckets(bounds):
+                runs.setdefault(i, {}).setdefault(b.uri, []).append(b.index)
+        count = len(bounds) + 1  # task i merges bucket i (one without rows writes nothing)
         merge = functools.partial(_merge_task, runs=runs, bounds=tuple(bounds), s3=self.s3, write=write)
         return list(spark.range(0, count, 1, count).mapInArrow(merge, REPORT_DDL).collect())
 

@@ -209,8 +209,20 @@ def bucket_expr(bounds: Sequence[bytes]) -> str:
 
 
 def bucket_of(bounds: Sequence[bytes], sk: bytes) -> int:
-    """The same rule in Python, for the tests that check which buckets a build touched."""
+    """The same rule in Python: for the driver (which buckets a copy's run batches span) and the
+    tests that check which buckets a build touched."""
     return bisect.bisect_right(list(bounds), sk)
+
+
+def in_bucket(sks: pa.Array | pa.ChunkedArray, bounds: Sequence[bytes], bucket: int) -> pa.Array:
+    """The same rule in Arrow: which of the sort keys `sks` fall in `bucket` (its bound at least, the
+    next bound not reached)."""
+    mask = pc.is_valid(sks)
+    if bucket > 0:
+        mask = pc.and_(mask, pc.greater_equal(sks, pa.scalar(bounds[bucket - 1], pa.binary())))
+    if bucket < len(bounds):
+        mask = pc.and_(mask, pc.less(sks, pa.scalar(bounds[bucket], pa.binary())))
+    return mask
 
 
 # --- concatenating stored bytes ----------------------------------------------------------------------

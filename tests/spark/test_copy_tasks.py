@@ -7,8 +7,11 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from resources.destinations.local import LocalDestination
 from snapshot_assets.archive.changes import Action
@@ -19,7 +22,7 @@ from snapshot_assets.spark.bases import BufferSnapshotBase
 from snapshot_assets.spark.copy_tasks import CopyFile, census, encode_copy, sorted_runs
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.snapshot import build_snapshot
-from snapshot_assets.spark.state import bounds_of, bucket_count, bucket_writer, encode_rows
+from snapshot_assets.spark.state import bounds_of, bucket_count, bucket_of, bucket_writer, encode_rows, in_bucket
 from tests.spark.conftest import python_bytes
 from tests.spark.test_buckets import BIG, BYTE_FORMATS, KEYS, buffer_with, row
 
@@ -139,3 +142,12 @@ def test_sorted_runs_are_the_census_and_each_bucket_gets_exactly_its_key_range(s
         assert all(lowers[bucket] <= sk and (uppers[bucket] is None or sk < uppers[bucket]) for sk in sks)
         held.extend(sks)
     assert sorted(held) == keys
+
+
+@given(st.lists(st.binary(max_size=4), max_size=40), st.lists(st.binary(max_size=4), max_size=6))
+def test_bucket_membership_in_arrow_is_the_rule_in_python(sks: list[bytes], bounds: list[bytes]) -> None:
+    """`in_bucket` (a merge task's filter) and `bucket_of` (the driver's) put every key in the same bucket."""
+    ordered = sorted(set(bounds))
+    array = pa.array(sks, pa.binary())
+    for bucket in range(len(ordered) + 1):
+        assert in_bucket(array, ordered, bucket).to_pylist() == [bucket_of(ordered, sk) == bucket for sk in sks]
