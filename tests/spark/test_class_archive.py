@@ -83,3 +83,24 @@ def test_an_unusable_archive_does_not_stop_the_server_from_starting(tmp_path: Pa
         assert not archive.exists()  # not mapped by the JVM: deleted, so the next server writes one
     finally:
         stop_local_connect_server(state)
+
+
+def test_a_server_that_fails_to_start_with_the_archive_is_started_without_it(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = class_archive(pyspark_home())
+    assert archive is not None
+    cache.mkdir(parents=True)
+    archive.write_bytes(b"an archive this JVM crashes on")
+    options: list[str] = []
+    started = connect_server.ServerInfo(1, 2, "t", 0.0, "log")
+
+    def launch(_state: Path, _conf: object, _timeout: float, _idle: float, option: str, dump: str
+               ) -> connect_server.ServerInfo:
+        options.append(option)
+        if option:
+            raise connect_server.ConnectServerError("exited with code 134 while starting")
+        return started
+
+    monkeypatch.setattr(connect_server, "_launch_with", launch)
+    assert connect_server._launch(tmp_path, {}, 1.0, 0.0) is started
+    assert options == [f"-XX:SharedArchiveFile={archive}", ""] and not archive.exists()
