@@ -71,6 +71,7 @@ import pyarrow.parquet as pq
 
 from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import ChangeEvent, Column, TableSchema
+from resources.subscribers.text_changes import IMAGE_COLUMNS, encode_changes
 from resources.subscribers.text_columns import CellTyper, encode_copies
 from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow, TextValues
 from snapshot_assets.archive import gojson
@@ -268,7 +269,8 @@ def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str
 _BEFORE, _NEW = ": the before-image", ": the new row"
 _DELETE, _UPDATE, _TRUNCATE = Action.DELETE, Action.UPDATE, Action.TRUNCATE
 _TEXT_ROW_COLUMNS = ("seq", "position", "action", "codec", "old_text", "new_text", "old_absent", "unchanged")
-_IMAGE_COLUMNS = ("old", "new", "old_key", "change_key", "old_change_key", "old_partial", "old_carries_key")
+_IMAGE_COLUMNS = IMAGE_COLUMNS
+_CHANGE_TEXT_COLUMNS = ("action", "old_text", "new_text", "old_absent", "unchanged")
 
 
 #: The column `with_images(..., records=True)` adds: each copied text row's protobuf snapshot
@@ -300,7 +302,7 @@ def with_images(batch: pa.RecordBatch, *, records: bool = False, typed: CellType
         if pc.any(copied).as_py():
             batch, pb, cells = _copied_images(batch, copied, records, typed)
         if not pc.all(pc.or_(copied, pc.is_null(codecs))).as_py():
-            batch = _change_images(batch, copied.to_pylist())
+            batch = _change_images(batch, copied)
     batch = batch.append_column(RECORD_COLUMN, pb) if records else batch
     return batch.append_column(pa.field(TYPED_COLUMN, cells.type), cells) if cells is not None else batch
 
@@ -347,13 +349,38 @@ def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
     return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
 
 
-def _change_images(batch: pa.RecordBatch, copied: list[bool]) -> pa.RecordBatch:
-    """`batch` with the images and derived columns of its text changes filled (`encode_change`)."""
-    columns = {name: batch.column(name).to_pylist() for name in _TEXT_ROW_COLUMNS}
-    filled = {name: batch.column(name).to_pylist() for name in _IMAGE_COLUMNS}
-    for i, codec_text in enumerate(columns["codec"]):
-        if codec_text is None or copied[i]:
+def _change_images(batch: pa.RecordBatch, copied: pa.Array) -> pa.RecordBatch:
+    """`batch` with the images and derived columns of its text changes filled: column by column
+    where `text_changes.encode_changes` can (one table shape at a time), the rest one by one."""
+    codecs = batch.column("codec")
+    todo = pc.and_(pc.is_valid(codecs), pc.invert(copied)).fill_null(False)
+    done = np.zeros(batch.num_rows, dtype=bool)
+    for codec_text in pc.unique(codecs.filter(todo)).to_pylist():
+        mine = pc.and_(todo, pc.equal(codecs, codec_text)).fill_null(False)
+        part = batch.filter(mine)
+        encoded = encode_changes(RowCodec.from_text(codec_text), *(part.column(name) for name in _CHANGE_TEXT_COLUMNS))
+        at = np.flatnonzero(mine.to_numpy(zero_copy_only=False))[encoded.done.to_numpy(zero_copy_only=False)]
+        if not len(at):
             continue
+        done[at] = True
+        where = pa.array(np.isin(np.arange(batch.num_rows), at))
+        for name in _IMAGE_COLUMNS:
+            index = batch.schema.get_field_index(name)
+            field = batch.schema.field(index)
+            batch = batch.set_column(index, field, pc.replace_with_mask(batch.column(index), where,
+                                                                        encoded.columns[name].cast(field.type)))
+    rest = pc.and_(todo, pa.array(~done))
+    return _changes_one_by_one(batch, rest) if pc.any(rest).as_py() else batch
+
+
+def _changes_one_by_one(batch: pa.RecordBatch, rows: pa.Array) -> pa.RecordBatch:
+    """`batch` with the images and derived columns of the text changes at `rows` filled: exactly the
+    row `encode_change` writes for each typed change, because it calls it."""
+    at = np.flatnonzero(rows.to_numpy(zero_copy_only=False))
+    picked = batch.take(pa.array(at))
+    columns = {name: picked.column(name).to_pylist() for name in _TEXT_ROW_COLUMNS}
+    filled: dict[str, list[Any]] = {name: [] for name in _IMAGE_COLUMNS}
+    for i, codec_text in enumerate(columns["codec"]):
         absent = columns["old_absent"][i]
         unchanged = columns["unchanged"][i]
         text = TextChange(columns["position"][i], Action(columns["action"][i]), RowCodec.from_text(codec_text),
@@ -363,10 +390,12 @@ def _change_images(batch: pa.RecordBatch, copied: list[bool]) -> pa.RecordBatch:
         row, _ = encode_change(text.typed(), columns["seq"][i], text.codec.key)
         encoded = dict(zip(SCHEMA.names, row, strict=True))
         for name in _IMAGE_COLUMNS:
-            filled[name][i] = encoded[name]
+            filled[name].append(encoded[name])
     for name, values in filled.items():
         index = batch.schema.get_field_index(name)
-        batch = batch.set_column(index, batch.schema.field(index), pa.array(values, batch.schema.field(index).type))
+        field = batch.schema.field(index)
+        batch = batch.set_column(index, field, pc.replace_with_mask(batch.column(index), rows,
+                                                                    pa.array(values, field.type)))
     return batch
 
 

@@ -113,11 +113,27 @@ def encode_column(values: pa.Array, spec: str) -> pa.Array:
     return out.fill_null(_NULL)
 
 
-def _columns(images: pa.ListArray, width: int) -> list[pa.Array]:
+#: What `encode_column` raises for a value the typed path refuses (it names the value's column and
+#: row only when the rows are encoded again one by one).
+REFUSED = (ValueError, gojson.UnsupportedValue)
+
+
+def columns_of(images: pa.ListArray, width: int) -> list[pa.Array]:
     """The `width` columns of `images` (every image `width` texts long)."""
     flat = pc.list_flatten(images)
     rows = len(images)
     return [flat.take(pa.array(np.arange(j, rows * width, width))) for j in range(width)]
+
+
+def joined_rows(names: Sequence[str], columns: Sequence[pa.Array]) -> pa.Array:
+    """Each row's Go-JSON object from its columns' JSON values (`columns[j]` is the column
+    `names[j]`): members in Go's order, the names sorted."""
+    pieces: list[pa.Array | str] = []
+    for position, j in enumerate(sorted(range(len(names)), key=lambda i: names[i])):
+        pieces.append(("{" if position == 0 else ",") + gojson.quote(names[j]) + ":")
+        pieces.append(columns[j])
+    pieces.append("}")
+    return pc.binary_join_element_wise(*pieces, "")
 
 
 def _naming(key: str) -> Callable[[], str]:
@@ -162,16 +178,11 @@ def encode_copies(codec: RowCodec, images: pa.ListArray, keys: pa.Array, *,
     if len(images) > 0 and width > 0 and images.null_count == 0 and \
             pc.all(pc.equal(pc.list_value_length(images), width)).as_py():
         try:
-            columns = [encode_column(column, codec.specs[j]) for j, column in enumerate(_columns(images, width))]
-        except (ValueError, gojson.UnsupportedValue):
+            columns = [encode_column(column, codec.specs[j]) for j, column in enumerate(columns_of(images, width))]
+        except REFUSED:
             pass  # the row-by-row path below raises the typed path's own error, naming column and row
         else:
-            pieces: list[pa.Array | str] = []
-            for position, j in enumerate(sorted(range(width), key=lambda i: codec.names[i])):
-                pieces.append(("{" if position == 0 else ",") + gojson.quote(codec.names[j]) + ":")
-                pieces.append(columns[j])
-            pieces.append("}")
-            texts = pc.binary_join_element_wise(*pieces, "")
+            texts = joined_rows(codec.names, columns)
             return Copies(texts, snapshot_records(codec.names, columns) if records else None,
                           typed(codec.names, columns) if typed is not None else None)
     texts = _row_by_row(codec, images, keys.to_pylist())
@@ -228,5 +239,5 @@ def encode_images(codec: RowCodec, images: pa.ListArray, keys: pa.Array) -> pa.A
     return encode_copies(codec, images, keys).texts
 
 
-__all__ = ["COPY_BLOCK_BYTES", "CellTyper", "Copies", "copy_text_batches", "encode_column", "encode_copies",
-           "encode_images"]
+__all__ = ["COPY_BLOCK_BYTES", "REFUSED", "CellTyper", "Copies", "columns_of", "copy_text_batches", "encode_column",
+           "encode_copies", "encode_images", "joined_rows"]
