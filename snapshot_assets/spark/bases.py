@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from resources.buffer.reader import BufferView, SegmentRef
 from resources.buffer.segments import TYPED_COLUMN
@@ -63,15 +64,22 @@ from snapshot_assets.spark.effects import (
     read_window,
 )
 from snapshot_assets.spark.locations import Location, read_dataset, write_dataset
-from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, snapshot_arrow_schema, typed_columns
+from snapshot_assets.spark.parquet_artifact import (
+    PARQUET_FORMAT,
+    image_type,
+    refusing_misfits,
+    snapshot_arrow_schema,
+    typed_columns,
+)
 from snapshot_assets.spark.remote_io import input_file, is_s3
 from snapshot_assets.spark.state import StateBase, bounds_of, encode_net, sample_bounds
 from snapshot_assets.spark.typed_copies import CopyTyper
 
 __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
-           "StateBase", "choose_base", "latest_images", "rows_for", "write_delta"]
+           "StateBase", "choose_base", "latest_images", "rows_for", "with_cells", "write_delta"]
 
 DELTA_MARKER = "_snapshotter_delta.json"
+_NET_COLUMNS = tuple(c.split()[0] for c in NET_DDL.split(","))
 
 
 class Base(Protocol):
@@ -137,6 +145,9 @@ class DeltaSet:
     truncated: bool
     encoded: tuple[str, ...] = ()
     s3: S3Connection | None = None  # signs the requests when the delta is in S3
+    #: The row schema the new images' typed columns (TYPED_COLUMN) were made for, when the diff made
+    #: them (the state has parquet): the next snapshot merges those cells instead of typing the rows.
+    schema: RowSchema | None = None
 
     @classmethod
     def load(cls, path: Path | str | Location, s3: S3Connection | None = None) -> DeltaSet | None:
@@ -147,8 +158,9 @@ class DeltaSet:
             meta = where.read_json(DELTA_MARKER)
             if meta is None:
                 return None
+            typed = meta.get("schema")
             return cls(where.uri, str(meta["from_position"]), str(meta["to_position"]), bool(meta["truncated"]),
-                       tuple(meta.get("encoded", ())), where.s3)
+                       tuple(meta.get("encoded", ())), where.s3, RowSchema.from_json(typed) if typed else None)
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -160,12 +172,26 @@ class DeltaSet:
         """Each touched key's new image as a state layer (STATE_DDL; row null: deleted)."""
         return self.frame(spark).selectExpr("key", "new AS row", "ver", "CAST(NULL AS BINARY) AS pb")
 
-    def rows(self, spark: SparkSession, formats: Sequence[str]) -> DataFrame | None:
+    def typed_frame(self, spark: SparkSession, schema: RowSchema) -> DataFrame | None:
+        """The net changes (NET_DDL) with the typed columns of their new images (TYPED_COLUMN),
+        when the diff made them for `schema`; else None."""
+        if self.schema is None or self.schema != schema:
+            return None
+        return read_dataset(spark, Location.of(self.path, self.s3)).select(*_NET_COLUMNS, TYPED_COLUMN)
+
+    def rows(self, spark: SparkSession, formats: Sequence[str], schema: RowSchema | None = None) -> DataFrame | None:
         """The new images as state rows (ROWS_DDL; row null: deleted), encoded when the diff wrote
-        them; None when the diff did not encode for all of `formats`."""
+        them; None when the diff did not encode for all of `formats`. With `schema` (the state's,
+        for parquet), also their typed columns (TYPED_COLUMN): the diff's, when it made them for
+        that schema, else null (typed when the snapshot merges them)."""
         if not self.encoded or ("protobuf" in formats and "protobuf" not in self.encoded):
             return None
-        return read_dataset(spark, Location.of(self.path, self.s3)).selectExpr("key", "sk", "new AS row", "pb", "ver")
+        frame = read_dataset(spark, Location.of(self.path, self.s3)).selectExpr("key", "sk", "new AS row", "pb", "ver",
+                                                                               *self._cells(schema))
+        return frame if schema is None or self.schema == schema else with_cells(frame, schema)
+
+    def _cells(self, schema: RowSchema | None) -> tuple[str, ...]:
+        return (TYPED_COLUMN,) if schema is not None and self.schema == schema else ()
 
 
 def _publish(frame: DataFrame, target: Path) -> None:
@@ -181,28 +207,43 @@ def _publish(frame: DataFrame, target: Path) -> None:
 
 
 def write_delta(net: DataFrame, delta_dir: Path | str | Location, from_position: str, to_position: str,
-                truncated: bool, key_fields: Sequence[str], formats: Sequence[str] = ()) -> DeltaSet:
+                truncated: bool, key_fields: Sequence[str], formats: Sequence[str] = (),
+                schema: RowSchema | None = None) -> DeltaSet:
     """Write a diff's net changes as the state's step from `from_position` to `to_position`, with
-    their new images encoded for the state's `formats` (`state.encode_net`) when any are given.
+    their new images encoded for the state's `formats` (`state.encode_net`) when any are given, and
+    typed for `schema` (TYPED_COLUMN: the rows enter the archive here, so they are typed here once,
+    for the parquet diff and the next snapshot alike; a misfit raises SchemaMisfit) when given.
     `delta_dir` is a local folder or an S3 location (written by the tasks, the marker by the driver)."""
     target = Location.of(delta_dir)
     encoded = tuple(formats)
     frame = encode_net(net, key_fields, encoded) if encoded else net
-    if target.remote:
-        write_dataset(frame, target)  # replaces the folder: the old marker goes first
-    else:
-        _publish(frame, target.path)
+    if schema is not None:
+        frame = typed_columns(frame, schema, text="new")
+    with refusing_misfits():
+        if target.remote:
+            write_dataset(frame, target)  # replaces the folder: the old marker goes first
+        else:
+            _publish(frame, target.path)
     marker = {"from_position": from_position, "to_position": to_position, "truncated": truncated,
-              "key_fields": list(key_fields), "encoded": list(encoded), "version": 1}
+              "key_fields": list(key_fields), "encoded": list(encoded), "version": 1,
+              "schema": schema.to_json() if schema is not None else None}
     target.write_json(DELTA_MARKER, marker)
-    return DeltaSet(target.uri, from_position, to_position, truncated, encoded, target.s3)
+    return DeltaSet(target.uri, from_position, to_position, truncated, encoded, target.s3, schema)
 
 
-def latest_images(layers: Sequence[DataFrame], ddl: str = STATE_DDL) -> DataFrame:
-    """Layers of `ddl` rows (key first; STATE_DDL or the state's ROWS_DDL), in order -> each key's
-    row in the last layer that has the key (row null: the key was deleted). Only the layers are
-    grouped: they hold changed keys, not the table."""
-    columns = [c.split()[0] for c in ddl.split(",")]
+def with_cells(frame: DataFrame, schema: RowSchema | None) -> DataFrame:
+    """`frame` with a null typed-columns column (TYPED_COLUMN) for `schema`'s rows, when it needs
+    one (`schema` given): rows whose cells are typed when a snapshot merges them."""
+    if schema is None:
+        return frame
+    return frame.withColumn(TYPED_COLUMN, F.lit(None).cast(image_type(schema)))
+
+
+def latest_images(layers: Sequence[DataFrame], ddl: str = STATE_DDL, extra: Sequence[str] = ()) -> DataFrame:
+    """Layers of `ddl` rows (key first; STATE_DDL or the state's ROWS_DDL) and the `extra` columns,
+    in order -> each key's row in the last layer that has the key (row null: the key was deleted).
+    Only the layers are grouped: they hold changed keys, not the table."""
+    columns = [*(c.split()[0] for c in ddl.split(",")), *extra]
     rest = ", ".join(columns[1:])
     steps = [layer.selectExpr("key", f"struct({i} AS layer, {rest}) AS s") for i, layer in enumerate(layers)]
     stacked = functools.reduce(lambda a, b: a.unionByName(b), steps)

@@ -29,6 +29,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from resources.buffer.reader import SegmentRef
+from resources.buffer.segments import TYPED_COLUMN
 from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive import versions
 from snapshot_assets.archive.changes import Action, Change
@@ -118,7 +119,10 @@ def _build(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_p
     assert from_position is not None
     local = None if uploads is not None else staging.path
     window = net_window(spark, segments, base, fields, partitions=width, scratch=staging / "_work", s3=buffer_s3)
-    delta = write_delta(window.net, delta_dir, from_position, to_position, window.truncated, fields, state_formats)
+    # the new images' typed columns, made once here for the parquet diff and the next snapshot alike
+    cells = schema if schema is not None and "parquet" in (*fmts, *state_formats) else None
+    delta = write_delta(window.net, delta_dir, from_position, to_position, window.truncated, fields, state_formats,
+                        cells)
     ordered = delta.frame(spark).repartitionByRange(width, "key").sortWithinPartitions("key")
     reports = encode_diff_parts(ordered, local, encoded, fields, first_part=TRUNCATE_PART + 1, uploads=uploads) \
         if encoded else []
@@ -130,11 +134,13 @@ def _build(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_p
     sidecars = {VERSIONS: diff_versions(ordered, local, first_part=TRUNCATE_PART + 1, uploads=uploads,
                                         truncate=(window.truncate_version or "") if window.truncated else None)}
     if "parquet" in fmts:  # Spark's writer, one file, typed by the table's schema or the diff's own images
-        net = delta.frame(spark)
+        typed = delta.typed_frame(spark, cells) if cells is not None else None
+        net = typed if typed is not None else delta.frame(spark)
         sent = uploads if uploads is not None and "parquet" in uploads.by_format else None
         written = write_diff(net, schema or infer_row_schema(net, texts=("old", "new")),
                              None if sent is not None else staging.path / "parquet" / "diff.parquet", fields,
-                             truncated=window.truncated, uploads=sent)
+                             truncated=window.truncated, uploads=sent,
+                             new_cells=TYPED_COLUMN if typed is not None else None)
         if encoded and written.rows != count:
             raise RuntimeError(f"the parquet diff holds {written.rows} changes, the other formats {count}")
         staged["parquet"], count = StagedFormat("parquet", (written.path,), written.bytes), written.rows

@@ -505,11 +505,15 @@ def written_key(old: Column, new: Column, schema: RowSchema, key_fields: Sequenc
     return F.when(complete, text).otherwise(change_key)
 
 
-def diff_frame(net: DataFrame, schema: RowSchema, key_fields: Sequence[str], *, truncated: bool) -> DataFrame:
+def diff_frame(net: DataFrame, schema: RowSchema, key_fields: Sequence[str], *, truncated: bool,
+               new_cells: str | None = None) -> DataFrame:
     """The diff layout (action, key, old, new) of NET_DDL rows, with `__order`/`__key` to sort by:
-    a TRUNCATE first when `truncated`, then the changes by their typed key."""
+    a TRUNCATE first when `truncated`, then the changes by their typed key. `new_cells` names a
+    column of `net` holding the new images typed for `schema` already (the delta's TYPED_COLUMN):
+    they are not typed again."""
     images = with_image(net, F.col("old"), schema, F.col("key"), "__old")
-    images = with_image(images, F.col("new"), schema, F.col("key"), "__new")
+    images = images.withColumnRenamed(new_cells, "__new") if new_cells is not None else \
+        with_image(images, F.col("new"), schema, F.col("key"), "__new")
     old, new = F.col("__old"), F.col("__new")
     changes = images.select(F.lit(1).alias("__order"), F.col("key").alias("__key"), F.col("action"),
                             written_key(old, new, schema, key_fields, F.col("change_key")).alias("key"),
@@ -525,8 +529,9 @@ def diff_frame(net: DataFrame, schema: RowSchema, key_fields: Sequence[str], *, 
 
 
 def write_diff(net: DataFrame, schema: RowSchema, out_path: Path | str | None, key_fields: Sequence[str], *,
-               truncated: bool, uploads: Uploads | None = None) -> WrittenParquet:
-    """A diff artifact from net changes (NET_DDL: key, action, change_key, old, new as Go-JSON texts)."""
+               truncated: bool, uploads: Uploads | None = None, new_cells: str | None = None) -> WrittenParquet:
+    """A diff artifact from net changes (NET_DDL: key, action, change_key, old, new as Go-JSON texts;
+    `new_cells`: as for `diff_frame`)."""
     check_names(net.sparkSession, schema.names)
-    frame = diff_frame(net, schema, key_fields, truncated=truncated)
+    frame = diff_frame(net, schema, key_fields, truncated=truncated, new_cells=new_cells)
     return write_parquet_file(frame, out_path, order=("__order", "__key"), uploads=uploads)

@@ -48,7 +48,7 @@ from snapshot_assets.archive.formats.parquet_merge import MAGIC
 from snapshot_assets.archive.key_index import block_bytes_for
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.archive.versions import VERSIONS
-from snapshot_assets.spark.bases import Base, BufferSnapshotBase, Census, LayeredBase, latest_images
+from snapshot_assets.spark.bases import Base, BufferSnapshotBase, Census, LayeredBase, latest_images, with_cells
 from snapshot_assets.spark.effects import materialize, window_partitions
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import (
@@ -201,18 +201,23 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
     """Rewrite the buckets the changes since the state fall in. SchemaMisfit when a changed row does
     not fit the state's typed columns (the caller re-types the table with a new schema)."""
     state = layered.state
-    layers = [d.rows(spark, formats) or encode_rows(d.images(spark), fields, formats) for d in layered.deltas]
+    cells = state.schema  # the typed columns the changed rows need (None: the archive has no parquet)
+    layers = [d.rows(spark, formats, cells) or with_cells(encode_rows(d.images(spark), fields, formats), cells)
+              for d in layered.deltas]
     if window is not None:
-        layers.append(encode_rows(window.selectExpr("key", "new AS row", "ver", "CAST(NULL AS BINARY) AS pb"), fields,
-                                  formats))
+        images = window.selectExpr("key", "new AS row", "ver", "CAST(NULL AS BINARY) AS pb")
+        layers.append(with_cells(encode_rows(images, fields, formats), cells))
     bounds = state.bounds
     moved = replace(state, path=state_dir.uri, s3=state_dir.s3, position=position)
     if not layers:
         return StateBuild(moved, frozenset(), {}, "incremental")
-    changed = materialize(latest_images(layers, ROWS_DDL), scratch / "changed")
+    changed = materialize(latest_images(layers, ROWS_DDL, [TYPED_COLUMN] if cells is not None else []),
+                          scratch / "changed")
     touched = sorted(int(r["b"]) for r in changed.selectExpr(f"{bucket_expr(bounds)} AS b").distinct().collect())
-    if state.schema is not None:  # the changed rows' typed columns (a deleted key's are null)
-        changed = typed_columns(changed, state.schema)
+    if cells is not None and changed.filter(f"row IS NOT NULL AND {TYPED_COLUMN} IS NULL").limit(1).count():
+        # rows the diffs did not type (a window since the last diff, an older delta): typed now; a
+        # deleted key's cells stay null
+        changed = typed_columns(changed, cells, given=TYPED_COLUMN)
     uploads = pieces.begin(len(state.buckets))
     reports = write_buckets(changed, bounds, touched, pool, pieces.staged, formats, uploads,
                             block_bytes_for(bucket_bytes), into=state, parquet=_parquet_schema(formats, state.schema))

@@ -291,6 +291,62 @@ def test_a_rebase_after_diffs_merges_the_rows_the_diffs_encoded(spark: Any, tmp_
         assert b"".join(p.read_bytes() for p in snap.formats[fid].files()) == expected_bytes(fid, table), fid
 
 
+def test_diffs_type_their_new_images_once_for_the_parquet_diff_and_the_rebase(spark: Any, tmp_path: Path) -> None:
+    """A diff writes its new images' typed columns into the state's delta (the JVM's typing, made
+    once); its parquet diff takes them rather than typing again, and the re-base after the diffs
+    merges them: the same parquet diff as typing both images, and the table in every format."""
+    import pyarrow.parquet as pq
+
+    from resources.buffer.segments import TYPED_COLUMN
+    from snapshot_assets.spark.diff import build_diff
+    from snapshot_assets.spark.parquet_artifact import typed_columns, write_diff
+
+    initial = 1200
+    waves = [[(Action.UPDATE, i) for i in range(w, initial, 40)] + [(Action.INSERT, initial + w)] for w in range(2)]
+    waves.append([(Action.DELETE, i) for i in range(0, initial, 200)] + [(Action.UPDATE, 5)])
+    reader, positions = buffer_with(tmp_path / "buffer", initial, waves)
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    formats = (*BYTE_FORMATS, "parquet")
+    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
+                           formats, tmp_path / "s0", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
+    schema = first.details["state"].schema
+    assert schema is not None
+    layered = LayeredBase(first.details["state"], ())
+    for n in range(1, 3):
+        built = build_diff(spark, reader.segments(positions[n - 1], positions[n]), layered, positions[n], KEYS,
+                           formats, tmp_path / f"d{n}", tmp_path / "deltas" / str(n), state_formats=formats,
+                           schema=schema)
+        delta = built.details["delta"]
+        assert delta.schema == schema
+        typed = delta.typed_frame(spark, schema)
+        assert typed is not None
+        once = {r["key"]: r[TYPED_COLUMN] for r in typed.select("key", TYPED_COLUMN).collect()}
+        again = {r["key"]: r[TYPED_COLUMN] for r in typed_columns(delta.frame(spark), schema, text="new")
+                 .select("key", TYPED_COLUMN).collect()}
+        assert once == again and any(v is not None for v in once.values())
+        both = write_diff(delta.frame(spark), schema, tmp_path / f"typed-twice-{n}.parquet", KEYS, truncated=False)
+        assert isinstance(both.path, Path)
+        reused = built.formats["parquet"].files()
+        assert pq.read_table(reused[0]).equals(pq.read_table(both.path)), n
+        layered = LayeredBase(layered.state, (*layered.deltas, delta))
+    snap = build_snapshot(spark, layered, reader.segments(positions[2], positions[3]), positions[3], KEYS,
+                          formats, tmp_path / "s1", tmp_path / "state" / "epoch=2", bucket_bytes=16 * 1024,
+                          schema=schema)
+    assert snap.details["mode"] == "incremental"
+    table = {i: row(i) for i in range(initial)}
+    for w, wave in enumerate(waves, start=1):
+        for action, i in wave:
+            if action is Action.DELETE:
+                table.pop(i, None)
+            else:
+                table[i] = row(i, w)
+    merged = pq.read_table(io.BytesIO(staged_bytes(snap.formats["parquet"]))).sort_by("id")
+    assert merged.select(list(CODEC.names)).to_pylist() == [table[i] for i in sorted(table)]
+    for fid in BYTE_FORMATS:
+        assert staged_bytes(snap.formats[fid]) == expected_bytes(fid, table), fid
+
+
 def test_rows_of_some_keys_come_from_their_buckets_only(spark: Any, tmp_path: Path) -> None:
     from snapshot_assets.archive.keys import key_json
     from snapshot_assets.spark.bases import rows_for
