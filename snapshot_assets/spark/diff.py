@@ -119,8 +119,10 @@ def _build(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_p
     assert from_position is not None
     local = None if uploads is not None else staging.path
     window = net_window(spark, segments, base, fields, partitions=width, scratch=staging / "_work", s3=buffer_s3)
-    # the new images' typed columns, made once here for the parquet diff and the next snapshot alike
-    cells = schema if schema is not None and "parquet" in (*fmts, *state_formats) else None
+    # The new images' typed columns, made once here for the parquet diff and the next snapshot alike
+    # (when the diff writes no parquet, the snapshot types its rows: a value that does not fit its
+    # column fails the build that writes parquet, as it always did).
+    cells = schema if schema is not None and "parquet" in fmts else None
     delta = write_delta(window.net, delta_dir, from_position, to_position, window.truncated, fields, state_formats,
                         cells)
     ordered = delta.frame(spark).repartitionByRange(width, "key").sortWithinPartitions("key")
