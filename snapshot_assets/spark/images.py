@@ -79,9 +79,14 @@ def complete_befores(folded: DataFrame, base: DataFrame) -> DataFrame:
 
     `base` is the table at the window's start (STATE_DDL). A key the base lacks keeps what its
     change sent (an archive that never held the row cannot know more).
+
+    The base is cut down to the keys that need it first (a semi-join with those keys, which Spark's
+    adaptive execution broadcasts when they are few enough), so the table's rows are scanned but
+    never shuffled: only the wanted rows meet the folded keys in the join.
     """
+    wanted = folded.filter(F.col("existed") & F.col("partial")).select("key")
     need = F.col("existed") & F.col("partial") & F.col("_base").isNotNull()
-    rows = base.select("key", F.col("row").alias("_base"))
+    rows = base.join(wanted, "key", "left_semi").select("key", F.col("row").alias("_base"))
     return (folded.join(rows, "key", "left")
             .withColumn("named", F.col("named") | need)  # a row of the base carries its key
             .withColumn("before", F.when(need, F.col("_base")).otherwise(F.col("before"))).drop("_base"))
