@@ -72,7 +72,7 @@ import pyarrow.parquet as pq
 from resources.buffer.storage import BufferStorage
 from resources.subscribers.events import ChangeEvent, Column, TableSchema
 from resources.subscribers.text_changes import IMAGE_COLUMNS, encode_changes
-from resources.subscribers.text_columns import CellTyper, encode_copies
+from resources.subscribers.text_columns import CellTyper, encode_copies, spread
 from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow, TextValues
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.algebra import MalformedChange, carries_key, partial_image
@@ -337,16 +337,8 @@ def _copied_images(batch: pa.RecordBatch, copied: pa.Array, records: bool,
     cells_column = None
     if typed is not None:  # rows of several shapes (cells is None) are typed by the JVM
         cells_column = pa.nulls(batch.num_rows, typed.type) if cells is None else \
-            _spread(cells, copied)
+            spread(cells, copied)
     return batch.set_column(index, batch.schema.field(index), filled), records_column, cells_column
-
-
-def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
-    """`values` (one per true of `where`) placed at the trues of `where`, null elsewhere."""
-    if pc.all(where).as_py():
-        return values
-    positions = pc.subtract(pc.cumulative_sum(pc.cast(where, pa.int64())), 1)
-    return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
 
 
 def _change_images(batch: pa.RecordBatch, copied: pa.Array) -> pa.RecordBatch:

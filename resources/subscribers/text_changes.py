@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.subscribers.text_columns import REFUSED, columns_of, encode_column, joined_rows
+from resources.subscribers.text_columns import REFUSED, columns_of, encode_column, joined_rows, spread
 from resources.subscribers.text_rows import RowCodec
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.keys import laredo_row_key
@@ -142,17 +142,11 @@ def _images(names: Sequence[str], specs: Sequence[str], texts: pa.Array, where: 
         return pa.nulls(rows, pa.string())
     chosen = texts.filter(where)
     columns = [encode_column(column, spec) for column, spec in zip(columns_of(chosen, len(names)), specs, strict=True)]
-    return _spread(joined_rows(names, columns), where)
+    return spread(joined_rows(names, columns), where)
 
 
 def _merged(first: pa.Array, second: pa.Array, take_first: pa.Array) -> pa.Array:
     return pc.if_else(take_first, first, second)
-
-
-def _spread(values: pa.Array, where: pa.Array) -> pa.Array:
-    """`values` (one per true of `where`) placed at the trues of `where`, null elsewhere."""
-    positions = pc.subtract(pc.cumulative_sum(pc.cast(where, pa.int64())), 1)
-    return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
 
 
 def _change_keys(codec: RowCodec, texts: pa.Array, whole: pa.Array, keyed: pa.Array) -> pa.Array:

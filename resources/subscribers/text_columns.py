@@ -125,6 +125,14 @@ def columns_of(images: pa.ListArray, width: int) -> list[pa.Array]:
     return [flat.take(pa.array(np.arange(j, rows * width, width))) for j in range(width)]
 
 
+def spread(values: pa.Array, where: pa.Array) -> pa.Array:
+    """`values` (one per true of `where`) placed at the trues of `where`, null elsewhere."""
+    if pc.all(where).as_py():
+        return values
+    positions = pc.subtract(pc.cumulative_sum(pc.cast(where, pa.int64())), 1)
+    return values.take(pc.if_else(where, positions, pa.scalar(None, pa.int64())))
+
+
 def joined_rows(names: Sequence[str], columns: Sequence[pa.Array]) -> pa.Array:
     """Each row's Go-JSON object from its columns' JSON values (`columns[j]` is the column
     `names[j]`): members in Go's order, the names sorted."""
@@ -240,4 +248,4 @@ def encode_images(codec: RowCodec, images: pa.ListArray, keys: pa.Array) -> pa.A
 
 
 __all__ = ["COPY_BLOCK_BYTES", "REFUSED", "CellTyper", "Copies", "columns_of", "copy_text_batches", "encode_column",
-           "encode_copies", "encode_images", "joined_rows"]
+           "encode_copies", "encode_images", "joined_rows", "spread"]

@@ -121,6 +121,18 @@ def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]],
     return BufferReader(root, TABLE), positions
 
 
+def table_after(initial: int, waves: list[list[tuple[Action, int]]]) -> dict[int, dict[str, Any]]:
+    """The table `buffer_with` holds after its waves: `row(i, wave)` of every key still there."""
+    table = {i: row(i) for i in range(initial)}
+    for w, wave in enumerate(waves, start=1):
+        for action, i in wave:
+            if action is Action.DELETE:
+                table.pop(i, None)
+            else:
+                table[i] = row(i, w)
+    return table
+
+
 def expected_bytes(format_id: str, rows: dict[int, dict[str, Any]]) -> bytes:
     """What the single-process writer produces for the table, rows in sort-key order."""
     ordered = sorted(rows.values(), key=lambda r: sort_key([r["id"]]))
@@ -280,13 +292,7 @@ def test_a_rebase_after_diffs_merges_the_rows_the_diffs_encoded(spark: Any, tmp_
     snap = build_snapshot(spark, layered, reader.segments(positions[3], positions[4]), positions[4], KEYS,
                           BYTE_FORMATS, tmp_path / "s1", tmp_path / "state" / "epoch=2", bucket_bytes=16 * 1024)
     assert snap.details["mode"] == "incremental"
-    table = {i: row(i) for i in range(initial)}
-    for w, wave in enumerate(waves, start=1):
-        for action, i in wave:
-            if action is Action.DELETE:
-                table.pop(i, None)
-            else:
-                table[i] = row(i, w)
+    table = table_after(initial, waves)
     for fid in BYTE_FORMATS:
         assert b"".join(p.read_bytes() for p in snap.formats[fid].files()) == expected_bytes(fid, table), fid
 
@@ -334,13 +340,7 @@ def test_diffs_type_their_new_images_once_for_the_parquet_diff_and_the_rebase(sp
                           formats, tmp_path / "s1", tmp_path / "state" / "epoch=2", bucket_bytes=16 * 1024,
                           schema=schema)
     assert snap.details["mode"] == "incremental"
-    table = {i: row(i) for i in range(initial)}
-    for w, wave in enumerate(waves, start=1):
-        for action, i in wave:
-            if action is Action.DELETE:
-                table.pop(i, None)
-            else:
-                table[i] = row(i, w)
+    table = table_after(initial, waves)
     merged = pq.read_table(io.BytesIO(staged_bytes(snap.formats["parquet"]))).sort_by("id")
     assert merged.select(list(CODEC.names)).to_pylist() == [table[i] for i in sorted(table)]
     for fid in BYTE_FORMATS:
