@@ -14,6 +14,10 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# Byte-compile the project's own modules (up-to-date files are skipped): a process that may not
+# write them (the image's non-root user, PYTHONDONTWRITEBYTECODE) would otherwise compile every
+# one of its imports from source at each start, run workers and Spark's Python workers included.
+.venv/bin/python -m compileall -q snapshot_assets resources sensors >/dev/null
 if ! command -v java >/dev/null 2>&1; then
   echo "warning: java not found; Spark needs Java 17" >&2
 fi
