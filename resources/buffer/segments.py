@@ -269,7 +269,6 @@ def _encode_text_change(event: TextChange, seq: int) -> tuple[RowTuple, list[str
 _BEFORE, _NEW = ": the before-image", ": the new row"
 _DELETE, _UPDATE, _TRUNCATE = Action.DELETE, Action.UPDATE, Action.TRUNCATE
 _TEXT_ROW_COLUMNS = ("seq", "position", "action", "codec", "old_text", "new_text", "old_absent", "unchanged")
-_IMAGE_COLUMNS = IMAGE_COLUMNS
 _CHANGE_TEXT_COLUMNS = ("action", "old_text", "new_text", "old_absent", "unchanged")
 
 
@@ -354,12 +353,13 @@ def _change_images(batch: pa.RecordBatch, copied: pa.Array) -> pa.RecordBatch:
         at = np.flatnonzero(mine.to_numpy(zero_copy_only=False))[encoded.done.to_numpy(zero_copy_only=False)]
         if not len(at):
             continue
-        done[at] = True
-        where = pa.array(np.isin(np.arange(batch.num_rows), at))
-        for name in _IMAGE_COLUMNS:
+        where = np.zeros(batch.num_rows, dtype=bool)
+        where[at] = True
+        done |= where
+        for name in IMAGE_COLUMNS:
             index = batch.schema.get_field_index(name)
             field = batch.schema.field(index)
-            batch = batch.set_column(index, field, pc.replace_with_mask(batch.column(index), where,
+            batch = batch.set_column(index, field, pc.replace_with_mask(batch.column(index), pa.array(where),
                                                                         encoded.columns[name].cast(field.type)))
     rest = pc.and_(todo, pa.array(~done))
     return _changes_one_by_one(batch, rest) if pc.any(rest).as_py() else batch
@@ -371,7 +371,7 @@ def _changes_one_by_one(batch: pa.RecordBatch, rows: pa.Array) -> pa.RecordBatch
     at = np.flatnonzero(rows.to_numpy(zero_copy_only=False))
     picked = batch.take(pa.array(at))
     columns = {name: picked.column(name).to_pylist() for name in _TEXT_ROW_COLUMNS}
-    filled: dict[str, list[Any]] = {name: [] for name in _IMAGE_COLUMNS}
+    filled: dict[str, list[Any]] = {name: [] for name in IMAGE_COLUMNS}
     for i, codec_text in enumerate(columns["codec"]):
         absent = columns["old_absent"][i]
         unchanged = columns["unchanged"][i]
@@ -381,7 +381,7 @@ def _changes_one_by_one(batch: pa.RecordBatch, rows: pa.Array) -> pa.RecordBatch
                           unchanged=() if unchanged is None else tuple(json.loads(unchanged)))
         row, _ = encode_change(text.typed(), columns["seq"][i], text.codec.key)
         encoded = dict(zip(SCHEMA.names, row, strict=True))
-        for name in _IMAGE_COLUMNS:
+        for name in IMAGE_COLUMNS:
             filled[name].append(encoded[name])
     for name, values in filled.items():
         index = batch.schema.get_field_index(name)

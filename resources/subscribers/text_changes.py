@@ -85,8 +85,8 @@ def encode_changes(codec: RowCodec, actions: pa.Array, old_texts: pa.Array, new_
     old_whole, old_keyed = old_whole.filter(done), old_keyed.filter(done)
     try:
         new = _images(codec.names, codec.specs, new_texts, pc.is_valid(new_texts))
-        old = _merged(_images(codec.names, codec.specs, old_texts, old_whole),
-                      _images(codec.key, _key_specs(codec), old_texts, old_keyed), old_whole)
+        old = pc.if_else(old_whole, _images(codec.names, codec.specs, old_texts, old_whole),
+                         _images(codec.key, _key_specs(codec), old_texts, old_keyed))
     except REFUSED:
         return _nothing(len(actions))  # row by row, where the refusal names its column and row
     rows = len(new)
@@ -143,10 +143,6 @@ def _images(names: Sequence[str], specs: Sequence[str], texts: pa.Array, where: 
     chosen = texts.filter(where)
     columns = [encode_column(column, spec) for column, spec in zip(columns_of(chosen, len(names)), specs, strict=True)]
     return spread(joined_rows(names, columns), where)
-
-
-def _merged(first: pa.Array, second: pa.Array, take_first: pa.Array) -> pa.Array:
-    return pc.if_else(take_first, first, second)
 
 
 def _change_keys(codec: RowCodec, texts: pa.Array, whole: pa.Array, keyed: pa.Array) -> pa.Array:

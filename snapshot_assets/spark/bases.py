@@ -56,6 +56,7 @@ from snapshot_assets.spark.copy_tasks import CopyFile, SortedRuns, encode_copy
 from snapshot_assets.spark.copy_tasks import census as copy_census
 from snapshot_assets.spark.copy_tasks import sorted_runs as copy_runs
 from snapshot_assets.spark.effects import (
+    NET_COLUMNS,
     NET_DDL,
     STATE_ARROW,
     STATE_DDL,
@@ -79,7 +80,6 @@ __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase"
            "StateBase", "choose_base", "latest_images", "rows_for", "with_cells", "write_delta"]
 
 DELTA_MARKER = "_snapshotter_delta.json"
-_NET_COLUMNS = tuple(c.split()[0] for c in NET_DDL.split(","))
 
 
 class Base(Protocol):
@@ -177,7 +177,7 @@ class DeltaSet:
         when the diff made them for `schema`; else None."""
         if self.schema is None or self.schema != schema:
             return None
-        return read_dataset(spark, Location.of(self.path, self.s3)).select(*_NET_COLUMNS, TYPED_COLUMN)
+        return read_dataset(spark, Location.of(self.path, self.s3)).select(*NET_COLUMNS, TYPED_COLUMN)
 
     def rows(self, spark: SparkSession, formats: Sequence[str], schema: RowSchema | None = None) -> DataFrame | None:
         """The new images as state rows (ROWS_DDL; row null: deleted), encoded when the diff wrote

@@ -75,6 +75,7 @@ EFFECT_DDL = ddl_of(EFFECT_ARROW)
 EFFECT_COLUMNS = tuple(EFFECT_ARROW.names)
 # `ver`: the version of the key's last change (archive/versions.py), null where unknown.
 NET_DDL = "key STRING, action STRING, change_key STRING, old STRING, new STRING, ver STRING"
+NET_COLUMNS = tuple(c.split()[0] for c in NET_DDL.split(","))
 #: A table state: each key's row (Go-JSON), its version, and its protobuf snapshot record when the row
 #: was encoded as it entered (a copied row, a state's stored row), else null (`state.encode_rows`
 #: encodes it then).
@@ -403,8 +404,7 @@ def key_versions(changes: DataFrame) -> DataFrame:
 
 def with_versions(net: DataFrame, changes: DataFrame) -> DataFrame:
     """Net changes (NET_DDL) with `ver` from `key_versions` of the changes they were folded from."""
-    columns = [c.split()[0] for c in NET_DDL.split(",")]
-    return net.drop("ver").join(key_versions(changes), "key", "left").select(*columns)
+    return net.drop("ver").join(key_versions(changes), "key", "left").select(*NET_COLUMNS)
 
 
 def apply_net(base: DataFrame, net: DataFrame) -> DataFrame:
