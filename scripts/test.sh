@@ -5,5 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/mypy
+# Two worker processes (TEST_WORKERS; 0 runs in this process), each taking a whole test file at a
+# time, so a file's module fixtures (a PostgreSQL cluster, a Spark server) start once; files in the
+# order tests/conftest.py gives them (the longest first), not xdist's order by test count.
 # pytest exits 5 when it collected nothing; set -e turns that (like any failure) into a failed run.
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -71,7 +71,7 @@ from snapshot_assets.tables import (
 from tests.e2e.conftest import REPO, e2e_env
 from tests.e2e.instance_storage import InstanceStorage, postgres_storage, sqlite_storage
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 6 minutes alone on 2 cores, 11 beside another worker
 
 TABLE: Final = "public.users"
 QUIET: Final = "public.quiet"

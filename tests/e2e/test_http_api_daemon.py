@@ -36,7 +36,7 @@ from tests.e2e.daemon_support import TABLE, rebuilt_equals_source, setup, start_
 from tests.e2e.http_support import call, metric, poll, serve_process
 from tests.e2e.test_dagster_daemon import Service, ended_status, materializations, run_status, runs, stop_service
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 2 minutes alone on 2 cores, 9 beside another scenario
 
 SENSOR_DEADLINE_S: Final = 120.0
 

@@ -63,7 +63,7 @@ from snapshot_assets.config import TableConfig, load_config
 from tests.e2e.conftest import e2e_env
 from tests.pg.conftest import PgCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 3 minutes alone on 2 cores, 6 beside another worker
 
 SEED: Final = 20240611
 ROUNDS: Final = 5
