@@ -16,7 +16,6 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import boto3
 import pytest
@@ -38,34 +37,6 @@ _AWS_TEST_ENV = {
 }
 _AWS_UNSET = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
 _STARTUP_TIMEOUT_S = 30.0
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On several workers, the longest work goes first: xdist hands out its units in collection
-    order (scripts/test.sh turns off its reordering by test count, which would leave the
-    minutes-long one-test scenarios for last), so the many quick files even out the workers' ends.
-    End-to-end scenarios first, then the other files holding slow tests, then the rest."""
-    if not (getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput")):
-        return
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: (item.path not in slow, E2E not in item.path.parts))
-
-
-E2E = "e2e"
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Whole files per worker (a file's module fixtures start once), except that the end-to-end
-    scenarios are ONE unit: each runs a webserver, a daemon, run workers and a Spark server, and two
-    at once on a 2-core machine took each 2-4 times as long (and past their catch-up bounds)."""
-    from xdist.scheduler import LoadFileScheduling
-
-    class EndToEndInTurn(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return f"tests/{E2E}" if path.startswith(f"tests/{E2E}/") else path
-
-    return EndToEndInTurn(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -60,7 +60,7 @@ from tests.e2e.test_postgres_rounds import (
 )
 from tests.pg.conftest import PgCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 2 minutes alone on 2 cores, 4 beside another worker
 
 SEED: Final = 8086
 TABLE: Final = "e2e_schema"
