@@ -20,6 +20,10 @@ from tests.pg.conftest import pg_cluster, pg_dsn
 __all__ = ["e2e_env", "pg_cluster", "pg_dsn", "workdir"]
 
 REPO = Path(__file__).resolve().parents[2]
+#: The marks of a multi-process scenario (a daemon, run workers, a Spark server): slow, and its own
+#: 20-minute bound. Alone on 2 cores one takes 2-7 minutes; beside another scenario on the other
+#: xdist worker, 2-4 times as long.
+SCENARIO = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture

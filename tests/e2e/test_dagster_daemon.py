@@ -68,10 +68,10 @@ from snapshot_assets.tables import (
     TO_TAG,
     TRIGGER_TAG,
 )
-from tests.e2e.conftest import REPO, e2e_env
+from tests.e2e.conftest import REPO, SCENARIO, e2e_env
 from tests.e2e.instance_storage import InstanceStorage, postgres_storage, sqlite_storage
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 6 minutes alone on 2 cores, 11 beside another worker
+pytestmark = SCENARIO
 
 TABLE: Final = "public.users"
 QUIET: Final = "public.quiet"

@@ -31,12 +31,12 @@ from snapshot_assets.archive.positions import compare_lsn, parse_lsn
 from snapshot_assets.config import TableConfig, load_config
 from snapshot_assets.pipeline.table import TablePipeline
 from snapshot_assets.tables import FROM_TAG, INGEST_TABLE_TAG, PARTITION_TAG, TO_TAG, TRIGGER_TAG
-from tests.e2e.conftest import e2e_env
+from tests.e2e.conftest import SCENARIO, e2e_env
 from tests.e2e.daemon_support import TABLE, rebuilt_equals_source, setup, start_daemon, succeeded
 from tests.e2e.http_support import call, metric, poll, serve_process
 from tests.e2e.test_dagster_daemon import Service, ended_status, materializations, run_status, runs, stop_service
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 2 minutes alone on 2 cores, 9 beside another scenario
+pytestmark = SCENARIO
 
 SENSOR_DEADLINE_S: Final = 120.0
 

@@ -41,7 +41,7 @@ from resources.work_storage import WorkRoot
 from snapshot_assets.archive.errors import ManifestNotFound
 from snapshot_assets.config import load_config
 from snapshot_assets.spark.connect_server import ServerInfo, ensure_local_connect_server, stop_local_connect_server
-from tests.e2e.conftest import e2e_env
+from tests.e2e.conftest import SCENARIO, e2e_env
 from tests.e2e.instance_storage import InstanceStorage, postgres_storage
 from tests.e2e.test_dagster_daemon import Service, server_info, stop_service, wait_for
 from tests.e2e.test_postgres_rounds import (
@@ -55,7 +55,7 @@ from tests.e2e.test_postgres_rounds import (
 )
 from tests.pg.conftest import PgCluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # about 7 minutes on a loaded machine
+pytestmark = SCENARIO
 
 HOSTS: Final = ("ingest", "daemon", "code", "spark")
 ROUNDS: Final = 3  # round 3 holds the TRUNCATE

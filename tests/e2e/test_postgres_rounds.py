@@ -60,10 +60,10 @@ from snapshot_assets.archive.manifest import Artifact, Manifest
 from snapshot_assets.archive.positions import compare_lsn, parse_lsn
 from snapshot_assets.archive.reader import ArchiveReader, ReplayPlan
 from snapshot_assets.config import TableConfig, load_config
-from tests.e2e.conftest import e2e_env
+from tests.e2e.conftest import SCENARIO, e2e_env
 from tests.pg.conftest import PgCluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 3 minutes alone on 2 cores, 6 beside another worker
+pytestmark = SCENARIO
 
 SEED: Final = 20240611
 ROUNDS: Final = 5

@@ -37,7 +37,6 @@ from typing import Any, Final
 
 import psycopg2.extensions
 import pyarrow.parquet as pq
-import pytest
 from psycopg2 import sql
 
 from resources.destinations.factory import build_destination
@@ -46,7 +45,7 @@ from snapshot_assets.archive.manifest import Artifact, Manifest
 from snapshot_assets.archive.positions import compare_lsn, parse_lsn
 from snapshot_assets.archive.reader import artifact_key
 from snapshot_assets.config import load_config
-from tests.e2e.conftest import e2e_env
+from tests.e2e.conftest import SCENARIO, e2e_env
 from tests.e2e.test_postgres_rounds import (
     FORMATS,
     RUN_TIMEOUT_S,
@@ -60,7 +59,7 @@ from tests.e2e.test_postgres_rounds import (
 )
 from tests.pg.conftest import PgCluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 2 minutes alone on 2 cores, 4 beside another worker
+pytestmark = SCENARIO
 
 SEED: Final = 8086
 TABLE: Final = "e2e_schema"
