@@ -121,157 +121,203 @@ def image_type(schema: RowSchema) -> StructType:
 
 
 # --- reading a member of a row's text ------------------------------------------------------------------
+#
+# The typing expressions are written as Spark SQL text and handed to the JVM one projection at a
+# time. Built with `pyspark.sql.functions`, the same expressions cost a py4j round trip per function
+# on a classic session: about 13,000 calls (several seconds) for one diff of an 8-column table,
+# whatever its size. As text, a projection is one call.
+
+Sql = str
+"""A Spark SQL expression's text."""
 
 
-def _kind(member: Column, raw: Column) -> Column:
-    """One of the `row_schema.KIND_*` names of a member (its variant and raw text), or 'absent'."""
-    return _kind_of(F.schema_of_variant(member), raw)
+def _q(name: str) -> Sql:
+    """A column reference by name, whatever characters the name holds."""
+    return "`" + name.replace("`", "``") + "`"
 
 
-def _kind_of(kind: Column, raw: Column) -> Column:
-    """`_kind` from the member's `schema_of_variant` (null when absent) and raw text."""
-    return (F.when(kind.isNull(), F.lit(_KIND_ABSENT))
-            .when(kind == "VOID", F.lit(KIND_NULL))
-            .when(kind == "STRING", F.lit(KIND_STRING))
-            .when(kind == "BOOLEAN", F.lit(KIND_BOOL))
-            .when(kind.startswith("OBJECT") | kind.startswith("ARRAY"), F.lit(KIND_NESTED))
-            .when(raw.rlike(_INT_TOKEN),
-                  F.when(raw.try_cast("bigint").isNull(), F.lit(KIND_BIGINT)).otherwise(F.lit(KIND_INT)))
-            .otherwise(F.lit(KIND_FLOAT)))
+def _s(text: str) -> Sql:
+    """A SQL string literal of `text` (Spark processes backslash escapes in literals)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _raw_map(text: Column) -> Column:
+def _d(value: float) -> Sql:
+    """A DOUBLE literal."""
+    return f"{value!r}D"
+
+
+def _in(value: Sql, *options: str) -> Sql:
+    return f"({value} IN ({', '.join(_s(o) for o in options)}))"
+
+
+def _kind_of(kind: Sql, raw: Sql) -> Sql:
+    """One of the `row_schema.KIND_*` names of a member, from its `schema_of_variant` (`kind`, null
+    when absent) and its raw text; 'absent' when the row lacks it."""
+    integer = f"CASE WHEN try_cast({raw} AS BIGINT) IS NULL THEN {_s(KIND_BIGINT)} ELSE {_s(KIND_INT)} END"
+    return (f"CASE WHEN {kind} IS NULL THEN {_s(_KIND_ABSENT)}"
+            f" WHEN {kind} = 'VOID' THEN {_s(KIND_NULL)}"
+            f" WHEN {kind} = 'STRING' THEN {_s(KIND_STRING)}"
+            f" WHEN {kind} = 'BOOLEAN' THEN {_s(KIND_BOOL)}"
+            f" WHEN startswith({kind}, 'OBJECT') OR startswith({kind}, 'ARRAY') THEN {_s(KIND_NESTED)}"
+            f" WHEN {raw} RLIKE {_s(_INT_TOKEN)} THEN {integer}"
+            f" ELSE {_s(KIND_FLOAT)} END")
+
+
+def _raw_map(text: Sql) -> Sql:
     """member -> its JSON text (a string member: its contents); null when not a JSON object."""
-    return F.from_json(text, "MAP<STRING,STRING>")
+    return f"from_json({text}, 'MAP<STRING,STRING>')"
 
 
-def _variant_map(text: Column) -> Column:
+def _variant_map(text: Sql) -> Sql:
     """member -> its value as a variant (what kind it is; JSON null is a VOID variant)."""
-    return F.from_json(text, "MAP<STRING,VARIANT>")
+    return f"from_json({text}, 'MAP<STRING,VARIANT>')"
 
 
-def _exact_digits(value: Column) -> Column:
+def _exact_digits(value: Sql) -> Sql:
     """The exact decimal digits of an integral double below 1e21, without its sign. (Spark's double
     to decimal cast goes through Double.toString, whose digits are not exact, so go through BIGINT:
     exact below 2^63, and above it the double is a multiple of 2048, so value/1024 is exact.)"""
-    magnitude = F.abs(value)
-    big = (magnitude / 1024).try_cast("bigint").cast("decimal(38,0)") * F.lit(1024).cast("decimal(38,0)")
-    return (F.when(magnitude < float(2**62), magnitude.try_cast("bigint").cast("string"))
-            .when(magnitude < 1e21, big.cast("decimal(38,0)").cast("string")))
+    magnitude = f"abs({value})"
+    big = f"CAST(try_cast({magnitude} / 1024 AS BIGINT) AS DECIMAL(38,0)) * CAST(1024 AS DECIMAL(38,0))"
+    return (f"CASE WHEN {magnitude} < {_d(float(2**62))} THEN CAST(try_cast({magnitude} AS BIGINT) AS STRING)"
+            f" WHEN {magnitude} < {_d(1e21)} THEN CAST(CAST({big} AS DECIMAL(38,0)) AS STRING) END")
 
 
-def _round_significant(digits: Column, n: Column) -> Column:
+def _round_significant(digits: Sql, n: Sql) -> Sql:
     """The integer written as `digits` rounded half-even to `n` significant digits, as DECIMAL(38,0)."""
-    width = F.length(digits)
-    cut = F.greatest(width - n, F.lit(0))
-    head = digits.substr(F.lit(1), width - cut).cast("decimal(38,0)")
-    tail = digits.substr(width - cut + 1, cut)
-    half = F.concat(F.lit("5"), F.repeat(F.lit("0"), F.greatest(cut - 1, F.lit(0))))
-    up = (cut > 0) & ((tail > half) | ((tail == half) & ((head % 2) == 1)))
-    rounded = head + F.when(up, F.lit(1)).otherwise(F.lit(0))
-    return F.concat(rounded.cast("string"), F.repeat(F.lit("0"), cut)).cast("decimal(38,0)")
+    width = f"length({digits})"
+    cut = f"greatest({width} - ({n}), 0)"
+    head = f"CAST(substr({digits}, 1, {width} - {cut}) AS DECIMAL(38,0))"
+    tail = f"substr({digits}, {width} - {cut} + 1, {cut})"
+    half = f"concat('5', repeat('0', greatest({cut} - 1, 0)))"
+    up = f"({cut} > 0) AND (({tail} > {half}) OR (({tail} = {half}) AND (({head} % 2) = 1)))"
+    rounded = f"{head} + CASE WHEN {up} THEN 1 ELSE 0 END"
+    return f"CAST(concat(CAST({rounded} AS STRING), repeat('0', {cut})) AS DECIMAL(38,0))"
 
 
-def _reads_back_as(cell: Column, raw: Column, digits: Column) -> Column:
+def _reads_back_as(cell: Sql, raw: Sql, digits: Sql) -> Sql:
     """Whether a double `cell` parsed from the integer token `raw` reads back as `raw`
     (`number_value`: below 2^53 the integer itself, above it the shortest round-trip digits padded
     with zeros, which is what Go writes for a double); `digits` are `_exact_digits(cell)`. Checked
     exactly in decimal arithmetic: `raw` must be the double's digits correctly rounded to its own
     significant length, and no shorter rounding may give the same double. Java's Double.toString
     is not used: before JDK 19 it sometimes prints a digit too many."""
-    magnitude = F.abs(cell)
-    small = (magnitude < float(2**53)) & (cell.try_cast("bigint") == raw.try_cast("bigint"))
-    wanted = F.regexp_replace(raw, "^-", "")
-    significant = F.length(F.regexp_replace(wanted, "0+$", ""))
-    closest = _round_significant(digits, significant) == wanted.try_cast("decimal(38,0)")
-    shortest = (significant <= 1) | (_round_significant(digits, significant - 1).cast("double") != magnitude)
-    large = (magnitude >= float(2**53)) & (magnitude < 1e21) & closest & shortest
-    return small | large
+    magnitude = f"abs({cell})"
+    small = f"({magnitude} < {_d(float(2**53))}) AND (try_cast({cell} AS BIGINT) = try_cast({raw} AS BIGINT))"
+    wanted = f"regexp_replace({raw}, '^-', '')"
+    significant = f"length(regexp_replace({wanted}, '0+$', ''))"
+    closest = f"{_round_significant(digits, significant)} = try_cast({wanted} AS DECIMAL(38,0))"
+    shortest = (f"({significant} <= 1)"
+                f" OR (CAST({_round_significant(digits, f'{significant} - 1')} AS DOUBLE) != {magnitude})")
+    large = (f"({magnitude} >= {_d(float(2**53))}) AND ({magnitude} < {_d(1e21)})"
+             f" AND ({closest}) AND ({shortest})")
+    return f"(({small}) OR ({large}))"
 
 
-def _cell(column_type: ColumnType, kind: Column, raw: Column, member: Column) -> Column:
+def _cell(column_type: ColumnType, kind: Sql, raw: Sql, member: Sql) -> Sql:
     """The typed cell of one member (null where it does not fit; `_fits` says which)."""
     if column_type is ColumnType.BOOL:
-        return F.when(kind == KIND_BOOL, raw == "true")
+        return f"CASE WHEN {kind} = {_s(KIND_BOOL)} THEN {raw} = 'true' END"
     if column_type in (ColumnType.INT16, ColumnType.INT32, ColumnType.INT64):
-        return F.when(kind == KIND_INT, raw.try_cast(SPARK_TYPES[column_type]))
+        sql_type = SPARK_TYPES[column_type].simpleString()
+        return f"CASE WHEN {kind} = {_s(KIND_INT)} THEN try_cast({raw} AS {sql_type}) END"
     if column_type is ColumnType.FLOAT64:
-        named = (kind == KIND_STRING) & raw.isin(*_FLOAT_NAMES)
-        return F.when(kind.isin(KIND_INT, KIND_BIGINT, KIND_FLOAT) | named, raw.try_cast("double"))
+        named = f"({kind} = {_s(KIND_STRING)}) AND {_in(raw, *_FLOAT_NAMES)}"
+        number = _in(kind, KIND_INT, KIND_BIGINT, KIND_FLOAT)
+        return f"CASE WHEN {number} OR ({named}) THEN try_cast({raw} AS DOUBLE) END"
     if column_type is ColumnType.STRING:
-        return F.when(kind == KIND_STRING, raw)
-    return F.when(kind == KIND_STRING, F.to_json(member)).when(~kind.isin(_KIND_ABSENT, KIND_NULL), raw)
+        return f"CASE WHEN {kind} = {_s(KIND_STRING)} THEN {raw} END"
+    return (f"CASE WHEN {kind} = {_s(KIND_STRING)} THEN to_json({member})"
+            f" WHEN NOT {_in(kind, _KIND_ABSENT, KIND_NULL)} THEN {raw} END")
 
 
-def _fits(column_type: ColumnType, kind: Column, raw: Column, cell: Column, digits: Column | None) -> Column:
+def _fits(column_type: ColumnType, kind: Sql, raw: Sql, cell: Sql, digits: Sql | None) -> Sql:
     """Whether the member reads back exactly from `cell` (absent and null members always do)."""
-    empty = kind.isin(_KIND_ABSENT, KIND_NULL)
+    empty = _in(kind, _KIND_ABSENT, KIND_NULL)
     if column_type is ColumnType.BOOL:
-        return empty | (kind == KIND_BOOL)
+        return f"{empty} OR ({kind} = {_s(KIND_BOOL)})"
     if column_type in (ColumnType.INT16, ColumnType.INT32, ColumnType.INT64):
-        return empty | cell.isNotNull()
+        return f"{empty} OR ({cell} IS NOT NULL)"
     if column_type is ColumnType.FLOAT64:
         assert digits is not None
-        named = (kind == KIND_STRING) & raw.isin(*_FLOAT_NAMES)
-        fraction = (kind == KIND_FLOAT) & cell.isNotNull() & ~((F.abs(cell) < 1e21) & (cell % 1 == 0))
-        integral = kind.isin(KIND_INT, KIND_BIGINT) & F.coalesce(_reads_back_as(cell, raw, digits), F.lit(False))
-        return empty | named | fraction | integral
+        named = f"({kind} = {_s(KIND_STRING)}) AND {_in(raw, *_FLOAT_NAMES)}"
+        fraction = (f"({kind} = {_s(KIND_FLOAT)}) AND ({cell} IS NOT NULL)"
+                    f" AND NOT ((abs({cell}) < {_d(1e21)}) AND ({cell} % 1 = 0))")
+        integral = f"{_in(kind, KIND_INT, KIND_BIGINT)} AND coalesce({_reads_back_as(cell, raw, digits)}, false)"
+        return f"{empty} OR ({named}) OR ({fraction}) OR ({integral})"
     if column_type is ColumnType.STRING:
-        return empty | (kind == KIND_STRING)
-    return F.lit(True)
+        return f"{empty} OR ({kind} = {_s(KIND_STRING)})"
+    return "true"
 
 
 def _ref(name: str) -> Column:
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(_q(name))
 
 
-def with_image(frame: DataFrame, text: Column, schema: RowSchema, key: Column, into: str) -> DataFrame:
+def _array(items: Sequence[Sql], element: str = "STRING") -> Sql:
+    """An array of `items` (typed even when empty)."""
+    return f"array({', '.join(items)})" if items else f"CAST(array() AS ARRAY<{element}>)"
+
+
+def with_image(frame: DataFrame, text_column: Column, schema: RowSchema, key: Column, into: str) -> DataFrame:
     """`frame` plus the struct column `into`: the typed image (`image_type(schema)`) of the Go-JSON
-    `text` (null where `text` is null). Evaluating it raises (see `refusing_misfits`) when a member
+    `text_column` (null where it is null). Evaluating it raises (see `refusing_misfits`) when a member
     does not fit, naming `key`.
 
     Built as a few projections (parse, classify, cast, check, assemble) rather than one expression:
     each step refers to the previous step's columns, which keeps the plan small (one expression
     repeating the classification in every check makes Catalyst's optimizer crawl)."""
     t = f"__{into}_"
-    keep = [_ref(c) for c in frame.columns if c != into]
+
+    def c(name: str) -> Sql:  # a scratch column of this image
+        return _q(t + name)
+
+    def r(i: int) -> Sql:  # the raw text of column i
+        return c(f"r{i}")
+
+    def k(i: int) -> Sql:  # its kind
+        return c(f"k{i}")
+
+    def d(i: int) -> Sql:  # a FLOAT64 cell's exact digits
+        return c(f"d{i}")
+
+    keep = [_ref(name) for name in frame.columns if name != into]
     columns = list(enumerate(schema.columns))
-    names = F.array(*[F.lit(n) for n in schema.names]) if schema.columns else F.array().cast("array<string>")
-    staged = frame.select(*keep, text.alias(t + "text"), key.cast("string").alias(t + "key"),
-                          _raw_map(text).alias(t + "raw"), _variant_map(text).alias(t + "var"))
-    raw_map, var_map = F.col(t + "raw"), F.col(t + "var")
-    staged = staged.select("*", *[x for i, c in columns for x in (
-        F.try_element_at(raw_map, F.lit(c.name)).alias(f"{t}r{i}"),
-        F.schema_of_variant(F.try_element_at(var_map, F.lit(c.name))).alias(f"{t}v{i}"))])
-    staged = staged.select("*", *[_kind_of(F.col(f"{t}v{i}"), F.col(f"{t}r{i}")).alias(f"{t}k{i}")
-                                  for i, c in columns])
-    staged = staged.select("*", *[_cell(c.type, F.col(f"{t}k{i}"), F.col(f"{t}r{i}"),
-                                        F.try_element_at(var_map, F.lit(c.name))).alias(f"{t}c{i}")
-                                  for i, c in columns])
-    staged = staged.select("*", *[_exact_digits(F.col(f"{t}c{i}")).alias(f"{t}d{i}")
-                                  for i, c in columns if c.type is ColumnType.FLOAT64])
-    staged = staged.select("*", *[_fits(c.type, F.col(f"{t}k{i}"), F.col(f"{t}r{i}"), F.col(f"{t}c{i}"),
-                                        F.col(f"{t}d{i}") if c.type is ColumnType.FLOAT64 else None).alias(f"{t}f{i}")
-                                  for i, c in columns])
+    floats = [(i, col) for i, col in columns if col.type is ColumnType.FLOAT64]
+    raw, text = c("raw"), c("text")
+    staged = frame.select(*keep, text_column.alias(t + "text"), key.cast("string").alias(t + "key"))
+    staged = staged.selectExpr("*", f"{_raw_map(text)} AS {raw}", f"{_variant_map(text)} AS {c('var')}")
+    member = {i: f"try_element_at({c('var')}, {_s(col.name)})" for i, col in columns}
+    staged = staged.selectExpr("*", *[x for i, col in columns for x in (
+        f"try_element_at({raw}, {_s(col.name)}) AS {r(i)}", f"schema_of_variant({member[i]}) AS {c(f'v{i}')}")])
+    staged = staged.selectExpr("*", *[f"{_kind_of(c(f'v{i}'), r(i))} AS {k(i)}" for i, _ in columns])
+    staged = staged.selectExpr("*", *[f"{_cell(col.type, k(i), r(i), member[i])} AS {c(f'c{i}')}"
+                                      for i, col in columns])
+    staged = staged.selectExpr("*", *[f"{_exact_digits(c(f'c{i}'))} AS {d(i)}" for i, _ in floats])
+    staged = staged.selectExpr("*", *[
+        f"{_fits(col.type, k(i), r(i), c(f'c{i}'), d(i) if col.type is ColumnType.FLOAT64 else None)} AS {c(f'f{i}')}"
+        for i, col in columns])
     # No lambdas (higher-order functions are interpreted, row by row): count the members the
     # schema names, and only name an unknown one when there is one.
-    present = sum((F.col(f"{t}k{i}") != _KIND_ABSENT).cast("int") for i, _ in columns) if columns else F.lit(0)
-    unknown = F.when(F.size(raw_map) > present, F.try_element_at(F.array_except(F.map_keys(raw_map), names), F.lit(1)))
-    misfit = F.coalesce(*[F.when(~F.col(f"{t}f{i}"), F.lit(c.name)) for i, c in columns], unknown)
-    staged = staged.select("*", misfit.alias(t + "misfit"))
-    misfit = F.col(t + "misfit")
-    absent = F.array_compact(F.array(*[F.when(F.col(f"{t}k{i}") == _KIND_ABSENT, F.lit(c.name)) for i, c in columns])) \
-        if columns else F.array().cast("array<string>")
-    types = F.create_map(*[x for c in schema.columns for x in (F.lit(c.name), F.lit(c.type.value))]) \
-        if schema.columns else F.create_map().cast("map<string,string>")
-    report = F.to_json(F.struct(
-        F.when(raw_map.isNotNull(), misfit).alias("column"), F.col(t + "key").alias("key"),
-        F.coalesce(F.try_element_at(types, misfit), F.lit("no such column")).alias("type"),
-        F.substring(F.coalesce(F.try_element_at(raw_map, misfit), F.col(t + "text")), 1, 200).alias("value")))
-    guarded = (F.when(raw_map.isNull() | misfit.isNotNull(), F.raise_error(F.concat(F.lit(MISFIT_MARKER), report)))
-               .otherwise(F.when(F.size(absent) > 0, absent)))
-    image = F.struct(*[F.col(f"{t}c{i}").alias(c.name) for i, c in columns], guarded.alias(ABSENT_COLUMN))
-    return staged.select(*keep, F.when(F.col(t + "text").isNotNull(), image.cast(image_type(schema))).alias(into))
+    present = " + ".join(f"CAST({k(i)} != {_s(_KIND_ABSENT)} AS INT)" for i, _ in columns) or "0"
+    names = _array([_s(name) for name in schema.names])
+    unknown = f"CASE WHEN size({raw}) > ({present}) THEN try_element_at(array_except(map_keys({raw}), {names}), 1) END"
+    misfits = [f"CASE WHEN NOT {c(f'f{i}')} THEN {_s(col.name)} END" for i, col in columns]
+    staged = staged.selectExpr("*", f"coalesce({', '.join([*misfits, unknown])}) AS {c('misfit')}")
+    misfit = c("misfit")
+    lacking = [f"CASE WHEN {k(i)} = {_s(_KIND_ABSENT)} THEN {_s(col.name)} END" for i, col in columns]
+    absent = f"array_compact({_array(lacking)})" if columns else _array([])
+    types = (f"map({', '.join(f'{_s(col.name)}, {_s(col.type.value)}' for col in schema.columns)})"
+             if schema.columns else "CAST(map() AS MAP<STRING,STRING>)")
+    report = (f"to_json(named_struct('column', CASE WHEN {raw} IS NOT NULL THEN {misfit} END, 'key', {c('key')},"
+              f" 'type', coalesce(try_element_at({types}, {misfit}), 'no such column'),"
+              f" 'value', substring(coalesce(try_element_at({raw}, {misfit}), {text}), 1, 200)))")
+    guarded = (f"CASE WHEN {raw} IS NULL OR {misfit} IS NOT NULL"
+               f" THEN raise_error(concat({_s(MISFIT_MARKER)}, {report}))"
+               f" ELSE CASE WHEN size({absent}) > 0 THEN {absent} END END")
+    fields = [f"{_s(col.name)}, {c(f'c{i}')}" for i, col in columns] + [f"{_s(ABSENT_COLUMN)}, {guarded}"]
+    image = F.expr(f"named_struct({', '.join(fields)})").cast(image_type(schema))
+    return staged.select(*keep, F.when(F.col(text).isNotNull(), image).alias(into))
 
 
 def typed_columns(frame: DataFrame, schema: RowSchema, *, text: str = "row", key: str = "key",
@@ -326,10 +372,10 @@ def infer_row_schema(frame: DataFrame, texts: Sequence[str] = ("row",)) -> RowSc
         raise ValueError("infer_row_schema needs at least one text column")
     text = F.explode(F.array(*[_ref(t) for t in texts])) if len(texts) > 1 else _ref(texts[0])
     rows = frame.select(text.alias("t")).where("t IS NOT NULL")
-    parsed = rows.select(_raw_map(F.col("t")).alias("raw"), _variant_map(F.col("t")).alias("var"))
-    members = parsed.select(F.explode(F.map_keys("var")).alias("name"), "raw", "var")
-    kind = _kind(F.try_element_at(F.col("var"), F.col("name")), F.try_element_at(F.col("raw"), F.col("name")))
-    kinds = members.select("name", kind.alias("kind")).groupBy("name").agg(F.collect_set("kind").alias("kinds"))
+    parsed = rows.selectExpr(f"{_raw_map('t')} AS raw", f"{_variant_map('t')} AS var")
+    members = parsed.selectExpr("explode(map_keys(var)) AS name", "raw", "var")
+    kind = _kind_of("schema_of_variant(try_element_at(var, name))", "try_element_at(raw, name)")
+    kinds = members.selectExpr("name", f"{kind} AS kind").groupBy("name").agg(F.collect_set("kind").alias("kinds"))
     return RowSchema.of((r["name"], column_type_of_kinds(r["kinds"])) for r in sorted(kinds.collect()))
 
 
