@@ -24,12 +24,19 @@ from snapshot_assets.services import ingest_table as ingest_loop
 from snapshot_assets.services import run_ingest_service
 from snapshot_assets.tables import INGEST_TABLE_TAG, config, pipeline, table_pipeline
 
-diff_job = dg.define_asset_job("diff_job", selection=[diff, manifest],
+#: The artifact jobs run their steps (the artifact, the manifest, the archive check) one after the
+#: other in the run's own process, as `snapshotter run --once` does. Dagster's default executor
+#: starts a process per step: each imports Dagster, PySpark and this project and opens its own Spark
+#: session again, seconds of CPU per step for steps that never run side by side anyway (each needs
+#: the one before), and a sensor launches such a run every few seconds under load.
+ARTIFACT_EXECUTOR = dg.in_process_executor
+
+diff_job = dg.define_asset_job("diff_job", selection=[diff, manifest], executor_def=ARTIFACT_EXECUTOR,
                                description="Write a diff (the net change per key since the head) and commit it.")
-snapshot_job = dg.define_asset_job("snapshot_job", selection=[snapshot, manifest],
+snapshot_job = dg.define_asset_job("snapshot_job", selection=[snapshot, manifest], executor_def=ARTIFACT_EXECUTOR,
                                    description="Re-base: write a snapshot and commit it (requested by the trigger).")
 force_snapshot = dg.define_asset_job(
-    "force_snapshot", selection=[snapshot, manifest],
+    "force_snapshot", selection=[snapshot, manifest], executor_def=ARTIFACT_EXECUTOR,
     description="Write a snapshot of the table now, whatever the policy says, and commit it as a new epoch.")
 
 
