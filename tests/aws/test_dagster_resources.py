@@ -247,9 +247,9 @@ def test_a_run_that_failed_at_its_manifest_is_re_executed_from_failure(location:
         loc.manifest()
 
     options = dg.ReexecutionOptions.from_failure(failed.run_id, loc.instance)
-    config = {**loc.run_config(), "execution": {"config": {"in_process": {}}}}
-    with dg.execute_job(dg.reconstructable(snapshot_job_of_the_code_location), loc.instance, run_config=config,
-                        reexecution_options=options, tags={"dagster/partition": TABLE}) as again:
+    job = dg.reconstructable(snapshot_job_of_the_code_location)
+    with dg.execute_job(job, loc.instance, run_config=loc.run_config(), reexecution_options=options,
+                        tags={"dagster/partition": TABLE}) as again:
         assert again.success
         steps = {e.step_key for e in again.all_events if e.event_type_value == "STEP_START"}
         assert steps == {"manifest"}

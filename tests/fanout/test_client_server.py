@@ -218,7 +218,10 @@ def test_resume_outside_the_journal_resyncs(source: ScriptedSource, servers: Ser
     second.wait(_has(SnapshotRow, 1))
     position = source.insert(300)
     source.insert(301)
-    events = second.wait(committed_to(position))
+    # The client reconnects after the server refuses the resume, and again when the resynced stream
+    # is quiet past its no-message watchdog (5 s, heartbeats here come every 30): under a loaded
+    # machine that takes more than the default 10 s.
+    events = second.wait(committed_to(position), timeout=30.0)
     history = check_history(events, source, start=resume_at)
     assert history.resyncs == [f"server sent a full snapshot (resume from {resume_at})"]
     assert history.boundaries[0] == _before(position)
