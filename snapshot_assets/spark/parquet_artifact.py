@@ -137,8 +137,12 @@ def _q(name: str) -> Sql:
 
 
 def _s(text: str) -> Sql:
-    """A SQL string literal of `text` (Spark processes backslash escapes in literals)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """A constant string expression of `text`. Quoted when it holds no quote or backslash; else its
+    UTF-8 bytes decoded (still a constant): how a literal's backslashes read depends on the session
+    setting `spark.sql.parser.escapedStringLiterals`, the bytes do not."""
+    if "'" not in text and "\\" not in text:
+        return f"'{text}'"
+    return f"decode(X'{text.encode().hex()}', 'UTF-8')"
 
 
 def _d(value: float) -> Sql:
@@ -315,8 +319,10 @@ def with_image(frame: DataFrame, text_column: Column, schema: RowSchema, key: Co
     guarded = (f"CASE WHEN {raw} IS NULL OR {misfit} IS NOT NULL"
                f" THEN raise_error(concat({_s(MISFIT_MARKER)}, {report}))"
                f" ELSE CASE WHEN size({absent}) > 0 THEN {absent} END END")
-    fields = [f"{_s(col.name)}, {c(f'c{i}')}" for i, col in columns] + [f"{_s(ABSENT_COLUMN)}, {guarded}"]
-    image = F.expr(f"named_struct({', '.join(fields)})").cast(image_type(schema))
+    # Named through Column aliases: named_struct wants its names as literals, which a name with a
+    # quote or backslash is not (`_s`).
+    fields = [F.col(c(f"c{i}")).alias(col.name) for i, col in columns] + [F.expr(guarded).alias(ABSENT_COLUMN)]
+    image = F.struct(*fields).cast(image_type(schema))
     return staged.select(*keep, F.when(F.col(text).isNotNull(), image).alias(into))
 
 

@@ -17,6 +17,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
+from resources.buffer.segments import TYPED_COLUMN
 from resources.destinations.local import LocalDestination
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Action, Change, Row
@@ -33,6 +34,7 @@ from snapshot_assets.spark.parquet_artifact import (
     SchemaMisfit,
     check_names,
     infer_row_schema,
+    refusing_misfits,
     snapshot_arrow_schema,
     typed_columns,
     write_diff,
@@ -298,6 +300,26 @@ def test_a_value_that_does_not_fit_is_refused_with_column_and_key(spark: Any, tm
         write_snapshot(frame, schema, tmp_path / "s.parquet")
     assert caught.value.column == column and caught.value.row_key == "[\"bad\"]"
     assert not (tmp_path / "s.parquet").exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("escaped_literals", ["false", "true"])
+def test_column_names_with_quotes_and_backslashes_are_typed_and_named(spark: Any, escaped_literals: str) -> None:
+    """The typing is Spark SQL text: a column name is a constant in it, whatever it holds and
+    however the session reads backslashes in literals."""
+    names = ["it's", "back\\slash", "tick`name"]
+    schema = RowSchema.of([(name, ColumnType.INT64) for name in names])
+    spark.conf.set("spark.sql.parser.escapedStringLiterals", escaped_literals)
+    try:
+        row = dict(zip(names, (1, 2, 3), strict=True))
+        good = spark.createDataFrame([("[1]", _text(row))], "key STRING, row STRING")
+        (image,) = typed_columns(good, schema).select(TYPED_COLUMN).first() or ()
+        assert [image[name] for name in names] == [1, 2, 3]
+        bad = spark.createDataFrame([("[2]", _text({"back\\slash": "x"}))], "key STRING, row STRING")
+        with pytest.raises(SchemaMisfit) as caught, refusing_misfits():
+            typed_columns(bad, schema).collect()
+        assert caught.value.column == "back\\slash" and caught.value.row_key == "[2]"
+    finally:
+        spark.conf.unset("spark.sql.parser.escapedStringLiterals")
 
 
 @pytest.mark.slow
