@@ -28,8 +28,8 @@ settings.load_profile("suite")
 
 # Every JVM the tests start (local Spark sessions, Spark Connect servers, a standalone cluster's
 # master and workers) compiles with C1 only. The tests' data is tiny, so HotSpot's optimising C2
-# compiler never pays for itself: it was a third of the Spark tests' CPU time, and the suite is
-# CPU-bound on two cores. Set here, before any fixture starts a process, so every child inherits it.
+# compiler never pays for itself: it took a quarter to a third of the Spark tests' CPU (README, Tests),
+# and the suite is CPU-bound on two cores. Set here, before any fixture starts a process, so every child inherits it.
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 _AWS_TEST_ENV = {
