@@ -8,7 +8,7 @@ What runs where:
           images against the base (`images`: unchanged TOASTed values, before-images), fold each
           key after the shuffle by key (`window.net_window`), write the net changes once as the
           state's delta for this step (`bases.DeltaSet`), and encode the parts from it in key
-          order (`parts.encode_diff_parts`), and the keys' versions beside them (spark/versions.py):
+          order, and the keys' versions beside them, in one pass (`versions.encode_diff`):
           the net changes never leave the executors. With
           `targets` each task sends its parts straight into the destinations (pieces.py), so a
           cluster whose hosts share only S3 builds the same objects as a local runtime.
@@ -45,11 +45,10 @@ from snapshot_assets.spark.parts import (
     PartSink,
     StagedFormat,
     collect_parts,
-    encode_diff_parts,
     prepare_staging,
 )
 from snapshot_assets.spark.pieces import Targets, Uploads
-from snapshot_assets.spark.versions import diff_versions
+from snapshot_assets.spark.versions import encode_diff
 from snapshot_assets.spark.window import net_window
 
 log = logging.getLogger(__name__)
@@ -126,15 +125,15 @@ def _build(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_p
     delta = write_delta(window.net, delta_dir, from_position, to_position, window.truncated, fields, state_formats,
                         cells)
     ordered = delta.frame(spark).repartitionByRange(width, "key").sortWithinPartitions("key")
-    reports = encode_diff_parts(ordered, local, encoded, fields, first_part=TRUNCATE_PART + 1, uploads=uploads) \
-        if encoded else []
+    reports, versions_object = encode_diff(ordered, local, encoded, fields, first_part=TRUNCATE_PART + 1,
+                                           uploads=uploads,
+                                           truncate=(window.truncate_version or "") if window.truncated else None)
     if window.truncated and encoded:
         sink = PartSink(local, encoded, TRUNCATE_PART, "diff", fields, uploads)
         sink.write(Change(Action.TRUNCATE))
         reports.extend(dict(zip(("format", "part", "path", "bytes", "count"), r, strict=True)) for r in sink.close())
     staged, count = collect_parts(reports, encoded, sent=uploads is not None)
-    sidecars = {VERSIONS: diff_versions(ordered, local, first_part=TRUNCATE_PART + 1, uploads=uploads,
-                                        truncate=(window.truncate_version or "") if window.truncated else None)}
+    sidecars = {VERSIONS: versions_object}
     if "parquet" in fmts:  # Spark's writer, one file, typed by the table's schema or the diff's own images
         typed = delta.typed_frame(spark, cells) if cells is not None else None
         net = typed if typed is not None else delta.frame(spark)

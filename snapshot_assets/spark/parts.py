@@ -155,25 +155,11 @@ def encode_snapshot_parts(state: DataFrame, staging_dir: Path | str | Location, 
 # --- net changes -> diff parts --------------------------------------------------------------------
 
 
-def _changes(batches: Iterable[Any]) -> Iterator[Change]:
-    for batch in batches:
-        columns = [batch.column(name).to_pylist() for name in ("action", "change_key", "old", "new")]
-        for action, key, old, new in zip(*columns, strict=True):
-            yield Change(Change.parse_action(action), key, decode_row(old), decode_row(new))
-
-
-def _diff_task(batches: Iterable[Any], staging_dir: str | None, formats: tuple[str, ...],
-               key_fields: tuple[str, ...], offset: int, uploads: Uploads | None) -> Iterator[Any]:
-    return write_items(_changes(batches), staging_dir, formats, task_index(offset), "diff", key_fields, uploads)
-
-
-def encode_diff_parts(net: DataFrame, staging_dir: Path | str | None, formats: Sequence[str],
-                      key_fields: Sequence[str], *, first_part: int, uploads: Uploads | None = None) -> list[Any]:
-    """Encode net changes (NET_DDL rows) as diff parts numbered from `first_part` (staged, or sent
-    into `uploads`); the collected part rows."""
-    func = functools.partial(_diff_task, staging_dir=None if staging_dir is None else str(staging_dir),
-                             formats=tuple(formats), key_fields=tuple(key_fields), offset=first_part, uploads=uploads)
-    return list(net.select("action", "change_key", "old", "new").mapInArrow(func, PART_DDL).collect())
+def batch_changes(batch: Any) -> Iterator[Change]:
+    """The net changes (NET_DDL columns action, change_key, old, new) of one Arrow batch."""
+    columns = [batch.column(name).to_pylist() for name in ("action", "change_key", "old", "new")]
+    for action, key, old, new in zip(*columns, strict=True):
+        yield Change(Change.parse_action(action), key, decode_row(old), decode_row(new))
 
 
 # --- the driver's view ------------------------------------------------------------------------------
