@@ -134,10 +134,19 @@ def _apply_runtime_conf(spark: Any, conf: Mapping[str, str]) -> None:
 
 
 def classic_session(master: str, conf: Mapping[str, str], app_name: str = "snapshotter") -> Any:
-    """A classic (in-process JVM) session on `master` with `conf`."""
+    """A classic (in-process JVM) session on `master` with `conf`.
+
+    In a process that already runs a SparkContext (a notebook, a test session), pyspark's builder
+    would hand that context's session back with `conf` applied to it, changing its owner's settings
+    (its shuffle width, say) under it. The running session is joined as its owner set it instead:
+    `open_spark` marks such a runtime not owned, and its teardown leaves the session alone too."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     os.environ.pop(CONNECT_MODE, None)  # a classic session builds classic columns
+    if SparkContext._active_spark_context is not None:
+        log.info("joining the SparkContext this process already runs; its own settings stand")
+        return SparkSession.builder.getOrCreate()
     builder = SparkSession.builder.master(master).appName(app_name)
     if master.startswith("local"):
         _local_python()

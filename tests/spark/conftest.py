@@ -44,35 +44,15 @@ def pytest_runtest_makereport(item: pytest.Item,
     return report
 
 
-#: The suite session's runtime SQL settings, which the tests' expectations depend on.
-SUITE_RUNTIME_CONF = {"spark.sql.shuffle.partitions": "3", **SMALL_WINDOWS_SPLIT}
-_suite_sessions: list[Any] = []
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The suite's one Spark session (classic local[2]: no server to manage for most tests)."""
-    conf = {**SESSION_DEFAULTS, **LOCAL_DEFAULTS, "spark.driver.memory": "2g",
-            "spark.ui.showConsoleProgress": "false", **SUITE_RUNTIME_CONF}
+    conf = {**SESSION_DEFAULTS, **LOCAL_DEFAULTS, "spark.sql.shuffle.partitions": "3", "spark.driver.memory": "2g",
+            "spark.ui.showConsoleProgress": "false", **SMALL_WINDOWS_SPLIT}
     session = classic_session("local[2]", conf, "snapshotter-tests")
     session.sparkContext.setLogLevel("ERROR")
-    _suite_sessions.append(session)
     yield session
-    _suite_sessions.remove(session)
     session.stop()
-
-
-@pytest.fixture(autouse=True)
-def _suite_runtime_conf() -> None:
-    """Put the suite session's runtime settings back before each test.
-
-    Why: a job run in this process (the artifact jobs use the in-process executor) asks pyspark's
-    builder for a classic session, and `getOrCreate` hands back this one with the job's settings
-    applied to it; a later test would otherwise see, say, the product's shuffle width.
-    """
-    for session in _suite_sessions:
-        for key, value in SUITE_RUNTIME_CONF.items():
-            session.conf.set(key, value)
 
 
 @dataclass

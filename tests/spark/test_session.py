@@ -81,9 +81,11 @@ def test_a_session_that_cannot_receive_the_project_code_is_stopped(monkeypatch: 
 def test_a_runtime_that_joined_a_running_classic_session_leaves_it_running(spark: Any, tmp_path: Path) -> None:
     """A run inside a process that already holds a SparkContext (a notebook, a test session) gets
     that context from the classic builder; the run's teardown must not stop it under its owner."""
-    runtime = open_spark(SparkConfig(master="local[2]"), state_dir=tmp_path)
+    width = spark.conf.get("spark.sql.shuffle.partitions")
+    runtime = open_spark(SparkConfig(master="local[2]", conf={"spark.sql.shuffle.partitions": "7"}), state_dir=tmp_path)
     assert runtime.mode == "classic" and not runtime.owned
     assert runtime.spark.sparkContext is spark.sparkContext
+    assert spark.conf.get("spark.sql.shuffle.partitions") == width  # the owner's settings stand
     runtime.stop()
     assert spark.range(4).count() == 4  # still running for its owner
 
