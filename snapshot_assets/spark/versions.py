@@ -60,8 +60,8 @@ def _task(batches: Iterable[Any], staging_dir: str | None, formats: tuple[str, .
                 piece = _piece(staging_dir, index, uploads)
             piece.stream.write(concatenated(_lines(batch)))
             count += batch.num_rows
-            for change in batch_changes(batch):
-                sink.write(change)
+            for change, texts in batch_changes(batch):
+                sink.write(change, texts)
         reports = sink.close()
     except BaseException:
         sink.abort()

@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError, Message
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Change, Row, as_row
 from snapshot_assets.archive.errors import CorruptArtifact
+from snapshot_assets.archive.formats import struct_wire
 from snapshot_assets.archive.gojson import MAX_SAFE_INT, Kind, UnsupportedValue
 from snapshot_assets.archive.keys import row_key, written_key
 from snapshot_assets.archive.proto.laredo.snapshotter.v1.artifact_pb2 import DiffChange, SnapshotRow
@@ -165,18 +166,7 @@ def go_struct_value(value: Any) -> Any:
 # --- framing -----------------------------------------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _write_message(out: BinaryIO, message: Message) -> None:
-    data = message.SerializeToString(deterministic=True)
-    out.write(_varint(len(data)) + data)
+_varint = struct_wire.varint
 
 
 class _Frames:
@@ -277,9 +267,12 @@ def _image(message: DiffChange, name: str) -> Row | None:
 def snapshot_record(row: Row, key_fields: Sequence[str]) -> bytes:
     """One row's record in a protobuf snapshot: the delimited SnapshotRow, exactly what the writer
     appends (the Spark state keeps it so a snapshot concatenates records instead of re-encoding)."""
-    message = SnapshotRow()
-    fill_row(message.row, row, lambda: row_key(row, key_fields))
-    data = message.SerializeToString(deterministic=True)
+    try:  # the bytes written directly (struct_wire.py); the message classes only for what it refuses
+        data = struct_wire.field(1, struct_wire.row_struct(row, lambda: row_key(row, key_fields)))
+    except struct_wire.NotPlain:
+        message = SnapshotRow()
+        fill_row(message.row, row, lambda: row_key(row, key_fields))
+        data = message.SerializeToString(deterministic=True)
     return _varint(len(data)) + data
 
 
@@ -297,6 +290,32 @@ class ProtobufSnapshotWriter:
         self._out.flush()
 
 
+def _diff_message(change: Change, key: str) -> bytes:
+    """`diff_record`'s message through the protobuf runtime (what struct_wire refuses)."""
+    message = DiffChange(action=change.action.value)
+    if change.old:
+        fill_row(message.old, change.old, lambda: change.key)
+    if change.new:
+        fill_row(message.new, change.new, lambda: change.key)
+    message.key = key
+    return message.SerializeToString(deterministic=True)
+
+
+def diff_record(change: Change, key_fields: Sequence[str]) -> bytes:
+    """One change's record in a protobuf diff: the delimited DiffChange (fields in number order;
+    proto3 leaves out an empty action or key, and an image that is absent or empty)."""
+    key = gojson.valid_text(written_key(change, key_fields, go_struct_value))
+    try:
+        data = b"".join((
+            struct_wire.field(1, struct_wire.encode_text(change.action.value)) if change.action.value else b"",
+            struct_wire.field(2, struct_wire.encode_text(key)) if key else b"",
+            struct_wire.field(3, struct_wire.row_struct(change.old, lambda: change.key)) if change.old else b"",
+            struct_wire.field(4, struct_wire.row_struct(change.new, lambda: change.key)) if change.new else b""))
+    except struct_wire.NotPlain:
+        data = _diff_message(change, key)
+    return _varint(len(data)) + data
+
+
 class ProtobufDiffWriter:
     """Writes one delimited DiffChange per change, in the order given; empty images are omitted.
 
@@ -311,13 +330,7 @@ class ProtobufDiffWriter:
         self._key_fields = tuple(key_fields)
 
     def write(self, change: Change) -> None:
-        message = DiffChange(action=change.action.value)
-        if change.old:
-            fill_row(message.old, change.old, lambda: change.key)
-        if change.new:
-            fill_row(message.new, change.new, lambda: change.key)
-        message.key = gojson.valid_text(written_key(change, self._key_fields, go_struct_value))
-        _write_message(self._out, message)
+        self._out.write(diff_record(change, self._key_fields))
 
     def close(self) -> None:
         self._out.flush()
