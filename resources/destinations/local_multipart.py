@@ -11,6 +11,13 @@ Layout: `<root>/.~multipart/<upload id>/part-<number:05d>`; the reserved `.~` pr
 listings and out of reach of keys. A part is written to a temp name and renamed, so a retried task
 attempt replaces a part atomically. `complete` checks S3's rules (multipart.check_parts), builds the
 object in a temp file beside its key and renames it into place like `put`, then drops the staging.
+
+A copied range (`copy_part`) is not copied when it is asked for: the part is a hard link to the
+source object, `part-<number:05d>@<start>+<length>`, and `complete` copies the range straight from it
+into the object. So a re-base's reused bytes are written once, not into a part file (and fsynced)
+and then again into the object. The link holds the bytes as they were when the part was asked for,
+as S3's UploadPartCopy does: replacing or deleting the source object afterwards does not change
+them. Where the filesystem refuses the link, the range is copied into a part file as before.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ STAGING_DIR = RESERVED_PREFIX + "multipart"
 _CREATE_ATTEMPTS = 8
 # copy_file_range failures that mean "not here, copy it yourself" rather than a broken file.
 _NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM})
+# os.link failures that mean "no hard links here": the range is copied into a part file instead.
+_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES})
 
 
 def copy_range(src: int, dst: int, start: int, length: int, dst_start: int, where: str) -> None:
@@ -106,6 +115,28 @@ class LocalUpload:
     def _part(self, number: int) -> Path:
         return self.staging / f"part-{number:05d}"
 
+    def _links(self, number: int) -> list[Path]:
+        """The reference parts of `number` (`part-N@start+length`, hard links to a source object)."""
+        return sorted(self.staging.glob(f"part-{number:05d}@*"))
+
+    def _drop_other_parts(self, number: int, keep: Path | None) -> None:
+        """Before a new part `number` is renamed into place, remove what an earlier attempt left under
+        the other name (a part file, or reference parts): one part per number, the latest."""
+        for old in [self._part(number), *self._links(number)]:
+            if old != keep:
+                with contextlib.suppress(FileNotFoundError):
+                    old.unlink()
+
+    def _kept(self, number: int) -> tuple[Path, int, int] | None:
+        """Where part `number`'s bytes are: (file, start, length); None when it was never written."""
+        part = self._part(number)
+        with contextlib.suppress(FileNotFoundError):
+            return part, 0, part.stat().st_size
+        for link in self._links(number):
+            start, _, length = link.name.split("@", 1)[1].partition("+")
+            return link, int(start), int(length)
+        return None
+
     @contextlib.contextmanager
     def _new_part(self, number: int) -> Iterator[int]:
         """A temp file in the staging dir for part `number`, renamed over the part when the block succeeds."""
@@ -119,6 +150,7 @@ class LocalUpload:
             os.fsync(fd)
             os.close(fd)
             fd = -1
+            self._drop_other_parts(number, None)
             os.replace(name, self._part(number))
         except BaseException as exc:
             if fd >= 0:
@@ -130,8 +162,12 @@ class LocalUpload:
             raise
 
     def _receipt(self, number: int) -> PartReceipt:
-        stat = self._part(number).stat()
-        return PartReceipt(number, stat.st_size, f"{stat.st_ino}-{stat.st_mtime_ns}")
+        kept = self._kept(number)
+        if kept is None:
+            raise MultipartError(f"{self._where(number)}: the part disappeared as it was written")
+        path, start, length = kept
+        stat = path.stat()
+        return PartReceipt(number, length, f"{stat.st_ino}-{stat.st_mtime_ns}-{start}")
 
     def write_part(self, number: int, data: PartData) -> PartReceipt:
         with self._new_part(number) as fd, open(fd, "wb", closefd=False) as out:
@@ -142,9 +178,40 @@ class LocalUpload:
     def copy_part(self, number: int, source_key: str, start: int, length: int) -> PartReceipt:
         where = f"{self._where(number)} from {self.dest.uri(source_key)}"
         check_range(start, length, where)
+        if self._link_part(number, source_key, start, length, where):
+            return self._receipt(number)
         with self._open_source(source_key, start, length, where) as src, self._new_part(number) as fd:
             copy_range(src, fd, start, length, 0, where)
         return self._receipt(number)
+
+    def _link_part(self, number: int, source_key: str, start: int, length: int, where: str) -> bool:
+        """Make part `number` a hard link to the source object's range; False where the filesystem
+        refuses links (the caller copies the range instead)."""
+        check_part_number(number, self._where())
+        if not self.staging.is_dir():
+            raise MultipartError(f"{self._where(number)}: the upload is not open (completed or aborted)")
+        source = self.dest.path(source_key)
+        temp = self.staging / f"{RESERVED_PREFIX}tmp.link.{os.urandom(6).hex()}"
+        try:
+            os.link(source, temp, follow_symlinks=False)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise MultipartError(f"{where}: no such object") from exc
+        except OSError as exc:
+            if exc.errno in _NO_LINK:
+                return False
+            raise MultipartError(f"{where} failed: {exc}") from exc
+        try:
+            size = temp.stat().st_size  # the object as linked (it may have been replaced since the call)
+            if start + length > size:
+                raise MultipartError(f"{where}: bytes {start}..{start + length} are beyond its {size} bytes")
+            final = self.staging / f"part-{number:05d}@{start}+{length}"
+            self._drop_other_parts(number, final)
+            os.replace(temp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+            raise
+        return True
 
     def read_range(self, source_key: str, start: int, length: int) -> bytes:
         where = f"local read {self.dest.uri(source_key)}"
@@ -178,26 +245,27 @@ class LocalUpload:
         if not self.staging.is_dir():
             raise MultipartError(f"{where}: the upload is not open (completed or aborted)")
         check_numbers(numbers, where)
-        missing = [n for n in numbers if not self._part(n).is_file()]
+        kept = {n: self._kept(n) for n in numbers}
+        missing = [n for n, part in kept.items() if part is None]
         if missing:
             raise MultipartError(f"{where}: parts {missing[:10]} were never written")
-        sizes = [(number, self._part(number).stat().st_size) for number in numbers]
-        check_parts(sizes, where)
+        parts = [(number, part) for number, part in kept.items() if part is not None]
+        check_parts([(number, length) for number, (_, _, length) in parts], where)
 
         def fill(out: int) -> None:
             offset = 0
-            for number, size in sizes:
-                with self._open_source_part(number) as src:
-                    copy_range(src, out, 0, size, offset, f"{where} part {number}")
-                offset += size
+            for number, (path, start, length) in parts:
+                with self._open_source_part(path) as src:
+                    copy_range(src, out, start, length, offset, f"{where} part {number}")
+                offset += length
 
         result = self.dest.put_assembled(self.key, fill)
         self.abort()
         return result
 
     @contextlib.contextmanager
-    def _open_source_part(self, number: int) -> Iterator[int]:
-        fd = os.open(self._part(number), os.O_RDONLY | os.O_CLOEXEC)
+    def _open_source_part(self, path: Path) -> Iterator[int]:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             yield fd
         finally:

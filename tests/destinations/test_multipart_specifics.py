@@ -61,6 +61,54 @@ def test_local_falls_back_to_a_buffered_copy_where_the_kernel_refuses(tmp_path: 
     assert got is not None and got.data == old[MiB:] + b"tail"
 
 
+def test_local_a_copied_range_is_a_link_to_its_source_and_is_written_once_into_the_object(tmp_path: Path) -> None:
+    dest = LocalDestination(tmp_path / "root")
+    old = _blob(7 * MiB)
+    dest.put("old.bin", old)
+    upload = begin(dest, "new.bin")
+    assert upload.copy_part(1, "old.bin", MiB, 5 * MiB).size == 5 * MiB
+    staged = list((tmp_path / "root" / STAGING_DIR).rglob("part-*"))
+    assert [p.name for p in staged] == [f"part-00001@{MiB}+{5 * MiB}"]
+    assert staged[0].stat().st_ino == dest.path("old.bin").stat().st_ino  # no bytes were copied yet
+    dest.put("old.bin", b"replaced")  # as with S3's UploadPartCopy, the part keeps the bytes it was asked for
+    upload.write_part(2, b"tail")
+    upload.complete([1, 2])
+    got = dest.get("new.bin")
+    assert got is not None and got.data == old[MiB:6 * MiB] + b"tail"
+    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["new.bin", "old.bin"]  # staging gone
+
+
+def test_local_a_part_number_written_again_keeps_only_the_latest_kind(tmp_path: Path) -> None:
+    dest = LocalDestination(tmp_path / "root")
+    old = _blob(6 * MiB)
+    dest.put("old.bin", old)
+    upload = begin(dest, "new.bin")
+    upload.write_part(1, b"x" * (5 * MiB))
+    upload.copy_part(1, "old.bin", 0, 5 * MiB)  # a retried attempt that copies instead
+    upload.copy_part(2, "old.bin", 5 * MiB, MiB)
+    upload.write_part(2, b"last")  # and one that writes instead of copying
+    upload.complete([1, 2])
+    got = dest.get("new.bin")
+    assert got is not None and got.data == old[:5 * MiB] + b"last"
+
+
+def test_local_copies_the_range_where_the_filesystem_refuses_links(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object, **__: object) -> None:
+        raise OSError(errno.EXDEV, "links not supported")
+
+    dest = LocalDestination(tmp_path / "root")
+    old = _blob(6 * MiB)
+    dest.put("old.bin", old)
+    monkeypatch.setattr(os, "link", refuse)
+    upload = begin(dest, "new.bin")
+    upload.copy_part(1, "old.bin", MiB, 5 * MiB)
+    assert [p.name for p in (tmp_path / "root" / STAGING_DIR).rglob("part-*")] == ["part-00001"]
+    upload.complete([1])
+    got = dest.get("new.bin")
+    assert got is not None and got.data == old[MiB:]
+
+
 def test_local_rejects_a_key_that_could_escape_the_root_at_begin(tmp_path: Path) -> None:
     with pytest.raises(DestinationError, match=r"'\.\.' components are not allowed"):
         begin(LocalDestination(tmp_path / "root"), "../outside.bin")
