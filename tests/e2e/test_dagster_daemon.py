@@ -339,6 +339,33 @@ def stop_sensor(port: int, name: str) -> str:
     return status
 
 
+def sensor_status(port: int, name: str) -> str:
+    found = graphql(port, """
+        query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) {
+          __typename ... on Sensor { sensorState { status } } } }""",
+        {"s": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__", "sensorName": name}})
+    status: str = found["sensorOrError"]["sensorState"]["status"]
+    return status
+
+
+#: Longer than a daemon loop and one tick of these sensors on a loaded machine.
+SENSOR_SETTLE_S: Final = 12.0
+
+
+def stop_sensor_for_good(port: int, name: str, attempts: int = 5) -> None:
+    """Stop a sensor and make sure it stays stopped. Dagster's sensor daemon writes back, as a tick
+    starts and ends, the sensor state it read before the tick (`mark_sensor_state_for_tick`), so a
+    stop that lands during a tick can be undone and the sensor runs on (seen on a loaded machine:
+    the rebase trigger kept launching runs for 14 minutes after `stopSensor` said STOPPED). As an
+    operator would, stop it again until it reads STOPPED after a tick's time."""
+    for _ in range(attempts):
+        assert stop_sensor(port, name) == "STOPPED"
+        time.sleep(SENSOR_SETTLE_S)
+        if sensor_status(port, name) == "STOPPED":
+            return
+    raise AssertionError(f"sensor {name} would not stay stopped after {attempts} stops")
+
+
 def no_artifact_run_in_progress(instance: dg.DagsterInstance) -> bool | None:
     busy = [r for r in runs(instance) if r.job_name != "ingest_job" and r.status not in TERMINAL]
     return True if not busy else None
@@ -526,7 +553,7 @@ def test_dagster_webserver_and_daemon(workdir: Path, instance_storage: InstanceS
         # 5. Stop the sensors (no relaunch, no new artifact run), let artifact runs finish, then terminate
         #    the ingest run over GraphQL.
         for name in ("ingest_supervisor", "rebase_trigger"):
-            assert stop_sensor(port, name) == "STOPPED"
+            stop_sensor_for_good(port, name)
         # A tick that was already evaluating may still submit a run, late on a loaded machine: settle
         # only when no artifact run is in progress and no new run appeared over a quiet interval.
         seen: set[str] | None = None
