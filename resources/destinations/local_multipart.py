@@ -127,12 +127,17 @@ class LocalUpload:
                 with contextlib.suppress(FileNotFoundError):
                     old.unlink()
 
-    def _kept(self, number: int) -> tuple[Path, int, int] | None:
-        """Where part `number`'s bytes are: (file, start, length); None when it was never written."""
+    def _kept(self, number: int, names: frozenset[str] | None = None) -> tuple[Path, int, int] | None:
+        """Where part `number`'s bytes are: (file, start, length); None when it was never written.
+        `names`: the staging folder's file names, listed once by a caller asking for many parts."""
         part = self._part(number)
-        with contextlib.suppress(FileNotFoundError):
-            return part, 0, part.stat().st_size
-        for link in self._links(number):
+        if names is None or part.name in names:
+            with contextlib.suppress(FileNotFoundError):
+                return part, 0, part.stat().st_size
+        prefix = f"{part.name}@"
+        links = self._links(number) if names is None else \
+            sorted(self.staging / name for name in names if name.startswith(prefix))
+        for link in links:
             start, _, length = link.name.split("@", 1)[1].partition("+")
             return link, int(start), int(length)
         return None
@@ -245,7 +250,8 @@ class LocalUpload:
         if not self.staging.is_dir():
             raise MultipartError(f"{where}: the upload is not open (completed or aborted)")
         check_numbers(numbers, where)
-        kept = {n: self._kept(n) for n in numbers}
+        names = frozenset(os.listdir(self.staging))  # once: a glob per part would grow with the parts squared
+        kept = {n: self._kept(n, names) for n in numbers}
         missing = [n for n, part in kept.items() if part is None]
         if missing:
             raise MultipartError(f"{where}: parts {missing[:10]} were never written")
