@@ -29,7 +29,6 @@ from pyspark.sql import DataFrame
 
 from snapshot_assets.archive.changes import Change, Row
 from snapshot_assets.archive.formats import Format, get_format
-from snapshot_assets.archive.formats.jsonl import JsonlDiffWriter
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.effects import decode_row
 from snapshot_assets.spark.locations import Location
@@ -77,7 +76,7 @@ class PartSink:
         if not self._open:
             self._start()
         for _fmt, _piece, writer in self._open:
-            if texts is not None and isinstance(writer, JsonlDiffWriter) and isinstance(item, Change):
+            if texts is not None and isinstance(item, Change):
                 writer.write_encoded(item, *texts)
             else:
                 writer.write(item)

@@ -329,6 +329,10 @@ class ProtobufDiffWriter:
         self._out = out
         self._key_fields = tuple(key_fields)
 
+    def write_encoded(self, change: Change, old_text: str | None, new_text: str | None) -> None:
+        """`write`: this format does not embed the images' Go-JSON, so the texts are not used."""
+        self.write(change)
+
     def write(self, change: Change) -> None:
         self._out.write(diff_record(change, self._key_fields))
 
