@@ -69,7 +69,6 @@ from snapshot_assets.spark.parquet_artifact import (
     PARQUET_FORMAT,
     image_type,
     refusing_misfits,
-    snapshot_arrow_schema,
     typed_columns,
 )
 from snapshot_assets.spark.remote_io import input_file, is_s3
@@ -464,7 +463,7 @@ class BufferSnapshotBase:
             return None
         if schema is None:
             raise ValueError("typing a copy's rows for parquet needs the table's schema")
-        return CopyTyper(schema, pa.struct(list(snapshot_arrow_schema(schema))))
+        return CopyTyper.of(schema)
 
     def census(self, spark: SparkSession) -> Census:
         """What a full build must know before it buckets the rows (`Census`), in one pass of tasks

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from snapshot_assets.archive.row_schema import ColumnType, RowSchema
+from snapshot_assets.spark.parquet_artifact import snapshot_arrow_schema
 
 _INT_TOKEN = r"^-?[0-9]{1,19}$"
 _INT64_TEXT = {False: ("^[0-9]{19}$", str(2**63 - 1)), True: ("^-[0-9]{19}$", str(-(2**63)))}
@@ -52,6 +53,11 @@ class CopyTyper:
 
     schema: RowSchema
     type: pa.StructType
+
+    @classmethod
+    def of(cls, schema: RowSchema) -> CopyTyper:
+        """The typer of `schema`'s rows, its cells in the snapshot's parquet columns."""
+        return cls(schema, pa.struct(list(snapshot_arrow_schema(schema))))
 
     def __call__(self, names: Sequence[str], tokens: Sequence[pa.Array]) -> pa.Array:
         """One struct per row of the Go-JSON values `tokens` (one string array per column `names`,

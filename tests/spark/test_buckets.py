@@ -26,7 +26,7 @@ from resources.subscribers.events import (
     TableSchema,
     TxEnd,
 )
-from resources.subscribers.text_rows import RowCodec, TextSnapshotRow
+from resources.subscribers.text_rows import RowCodec, TextChange, TextSnapshotRow
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Action
 from snapshot_assets.archive.formats import FORMATS
@@ -92,11 +92,25 @@ def copied(i: int, make: Callable[[int], dict[str, Any]] = row) -> SnapshotRow:
     return TextSnapshotRow(CODEC, tuple(str(r[name]) for name in CODEC.names))
 
 
+def changed(position: str, action: Action, old: dict[str, Any] | None, new: dict[str, Any] | None) -> TextChange:
+    """A change as column text, as PostgreSQL sends it under REPLICA IDENTITY DEFAULT."""
+    def texts(image: dict[str, Any], names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(str(image[name]) for name in names)
+
+    if action is Action.DELETE:
+        assert old is not None
+        return TextChange(position, action, CODEC, old_text=texts(old, CODEC.key))
+    assert new is not None
+    return TextChange(position, action, CODEC, new_text=texts(new, CODEC.names))
+
+
 def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]], *,
-                text: bool = False, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+                text: bool = False, text_changes: bool = False, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
                 make: Callable[[int], dict[str, Any]] = row) -> tuple[BufferReader, list[str]]:
     """A buffer: an initial load of `initial` rows `make(i)` (typed, or with `text` kept as column
-    text), then one transaction per wave of (action, i)."""
+    text), then one transaction per wave of (action, i) (typed, or with `text_changes` kept as
+    column text as PostgreSQL sends them under REPLICA IDENTITY DEFAULT: no before-image for an
+    UPDATE, the key columns only for a DELETE)."""
     lsn = 0x1000
     positions = []
     with ChangeBuffer(root, TABLE, seal_interval=3600.0, seal_changes=10_000, row_group_rows=row_group_rows) as buffer:
@@ -113,7 +127,8 @@ def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]],
                 lsn += 0x40
                 old = row(i) if action is not Action.INSERT else None
                 new = row(i, w) if action is not Action.DELETE else None
-                buffer.append(ChangeEvent(format_lsn(lsn), action, old, new))
+                buffer.append(changed(format_lsn(lsn), action, old, new) if text_changes else
+                              ChangeEvent(format_lsn(lsn), action, old, new))
             lsn += 0x40
             buffer.append(TxEnd(format_lsn(lsn)))
             positions.append(format_lsn(lsn))
@@ -297,10 +312,14 @@ def test_a_rebase_after_diffs_merges_the_rows_the_diffs_encoded(spark: Any, tmp_
         assert b"".join(p.read_bytes() for p in snap.formats[fid].files()) == expected_bytes(fid, table), fid
 
 
-def test_diffs_type_their_new_images_once_for_the_parquet_diff_and_the_rebase(spark: Any, tmp_path: Path) -> None:
-    """A diff writes its new images' typed columns into the state's delta (the JVM's typing, made
-    once); its parquet diff takes them rather than typing again, and the re-base after the diffs
-    merges them: the same parquet diff as typing both images, and the table in every format."""
+@pytest.mark.parametrize("text", [False, True], ids=["typed", "postgres-text"])
+def test_diffs_type_their_new_images_once_for_the_parquet_diff_and_the_rebase(spark: Any, tmp_path: Path,
+                                                                             text: bool) -> None:
+    """A diff writes its new images' typed columns and protobuf records into the state's delta (made
+    once); its parquet diff takes the cells rather than typing again, and the re-base after the
+    diffs merges them: the same parquet diff as typing both images, and the table in every format.
+    Also with the changes as PostgreSQL's column text (REPLICA IDENTITY DEFAULT: the before-images
+    come from the state)."""
     import pyarrow.parquet as pq
 
     from resources.buffer.segments import TYPED_COLUMN
@@ -310,7 +329,7 @@ def test_diffs_type_their_new_images_once_for_the_parquet_diff_and_the_rebase(sp
     initial = 1200
     waves = [[(Action.UPDATE, i) for i in range(w, initial, 40)] + [(Action.INSERT, initial + w)] for w in range(2)]
     waves.append([(Action.DELETE, i) for i in range(0, initial, 200)] + [(Action.UPDATE, 5)])
-    reader, positions = buffer_with(tmp_path / "buffer", initial, waves)
+    reader, positions = buffer_with(tmp_path / "buffer", initial, waves, text=text, text_changes=text)
     resync = reader.latest_resync()
     assert resync is not None and resync.segment is not None
     formats = (*BYTE_FORMATS, "parquet")
@@ -331,6 +350,10 @@ def test_diffs_type_their_new_images_once_for_the_parquet_diff_and_the_rebase(sp
         again = {r["key"]: r[TYPED_COLUMN] for r in typed_columns(delta.frame(spark), schema, text="new")
                  .select("key", TYPED_COLUMN).collect()}
         assert once == again and any(v is not None for v in once.values())
+        stored = delta.rows(spark, formats)
+        assert stored is not None
+        records = stored.filter("row IS NOT NULL").select("row", "pb").collect()
+        assert records and all(bytes(r["pb"]) == snapshot_record(gojson.loads(r["row"]), KEYS) for r in records)
         both = write_diff(delta.frame(spark), schema, tmp_path / f"typed-twice-{n}.parquet", KEYS, truncated=False)
         assert isinstance(both.path, Path)
         reused = built.formats["parquet"].files()

@@ -21,13 +21,13 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.row_schema import ColumnType, RowSchema
-from snapshot_assets.spark.parquet_artifact import image_type, snapshot_arrow_schema, typed_columns
+from snapshot_assets.spark.parquet_artifact import image_type, typed_columns
 from snapshot_assets.spark.typed_copies import CopyTyper
 
 SCHEMA = RowSchema.of([("b", ColumnType.BOOL), ("f", ColumnType.FLOAT64), ("i16", ColumnType.INT16),
                        ("i32", ColumnType.INT32), ("i64", ColumnType.INT64), ("j", ColumnType.JSON),
                        ("s", ColumnType.STRING)])
-TYPER = CopyTyper(SCHEMA, pa.struct(list(snapshot_arrow_schema(SCHEMA))))
+TYPER = CopyTyper.of(SCHEMA)
 
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.floats(allow_nan=False, allow_infinity=False)
@@ -110,7 +110,7 @@ def test_every_cell_given_is_the_jvms(spark: Any, rows: list[dict[str, str]]) ->
 def test_what_a_postgresql_copy_holds_is_typed_here(column_type: ColumnType, token: str, cell: Any) -> None:
     """The values of an ordinary table are typed in the task (else the fast path is moot)."""
     schema = RowSchema.of([("c", column_type)])
-    typer = CopyTyper(schema, pa.struct(list(snapshot_arrow_schema(schema))))
+    typer = CopyTyper.of(schema)
     (typed,) = typer(["c"], [pa.array([token])]).to_pylist()
     assert typed is not None and _same(typed["c"], cell)
     (empty,) = typer(["c"], [pa.array(["null"])]).to_pylist()
@@ -127,7 +127,7 @@ def test_what_a_postgresql_copy_holds_is_typed_here(column_type: ColumnType, tok
 ])
 def test_what_the_jvm_spells_otherwise_is_left_to_it(column_type: ColumnType, token: str) -> None:
     schema = RowSchema.of([("c", column_type)])
-    typer = CopyTyper(schema, pa.struct(list(snapshot_arrow_schema(schema))))
+    typer = CopyTyper.of(schema)
     assert typer(["c"], [pa.array([token])]).to_pylist() == [None]
 
 
