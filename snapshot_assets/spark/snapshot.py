@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from resources.buffer.reader import SegmentRef
 from resources.buffer.segments import TYPED_COLUMN
@@ -213,8 +214,12 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
         return StateBuild(moved, frozenset(), {}, "incremental")
     changed = materialize(latest_images(layers, ROWS_DDL, [TYPED_COLUMN] if cells is not None else []),
                           scratch / "changed")
-    touched = sorted(int(r["b"]) for r in changed.selectExpr(f"{bucket_expr(bounds)} AS b").distinct().collect())
-    if cells is not None and changed.filter(f"row IS NOT NULL AND {TYPED_COLUMN} IS NULL").limit(1).count():
+    # One pass over the changes says which buckets they fall in and whether any row still needs typing.
+    untyped = f"row IS NOT NULL AND {TYPED_COLUMN} IS NULL" if cells is not None else "false"
+    facts = changed.selectExpr(f"{bucket_expr(bounds)} AS b", f"{untyped} AS untyped") \
+        .groupBy("b").agg(F.max("untyped").alias("untyped")).collect()
+    touched = sorted(int(r["b"]) for r in facts)
+    if cells is not None and any(r["untyped"] for r in facts):
         # rows the diffs did not type (a window since the last diff, an older delta): typed now; a
         # deleted key's cells stay null
         changed = typed_columns(changed, cells, given=TYPED_COLUMN)
