@@ -67,6 +67,7 @@ from snapshot_assets.spark.remote_io import input_file
 from snapshot_assets.spark.state import (
     BYTE_FORMATS,
     MAX_GROWTH,
+    ROWS_COLUMNS,
     ROWS_DDL,
     TARGET_BUCKET_BYTES,
     StateBase,
@@ -203,8 +204,9 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
     not fit the state's typed columns (the caller re-types the table with a new schema)."""
     state = layered.state
     cells = state.schema  # the typed columns the changed rows need (None: the archive has no parquet)
-    layers = [d.rows(spark, formats, cells) or with_cells(encode_rows(d.images(spark), fields, formats), cells)
-              for d in layered.deltas]
+    stored = [d.rows(spark, formats, cells) for d in layered.deltas]
+    layers = [rows if rows is not None else with_cells(encode_rows(d.images(spark), fields, formats), cells)
+              for d, rows in zip(layered.deltas, stored, strict=True)]
     if window is not None:
         images = window.selectExpr("key", "new AS row", "ver", "CAST(NULL AS BINARY) AS pb")
         layers.append(with_cells(encode_rows(images, fields, formats), cells))
@@ -212,8 +214,14 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
     moved = replace(state, path=state_dir.uri, s3=state_dir.s3, position=position)
     if not layers:
         return StateBuild(moved, frozenset(), {}, "incremental")
-    changed = materialize(latest_images(layers, ROWS_DDL, [TYPED_COLUMN] if cells is not None else []),
-                          scratch / "changed")
+    extra = [TYPED_COLUMN] if cells is not None else []
+    if window is None and len(stored) == 1 and stored[0] is not None:
+        # The usual re-base: one diff since the state, its delta encoded. Its rows are the changes
+        # as they are (one per key, on disk already, read twice below at a read's cost each): no
+        # grouping of layers and no copy of them into scratch.
+        changed = stored[0].select(*ROWS_COLUMNS, *extra)
+    else:
+        changed = materialize(latest_images(layers, ROWS_DDL, extra), scratch / "changed")
     # One pass over the changes says which buckets they fall in and whether any row still needs typing.
     untyped = f"row IS NOT NULL AND {TYPED_COLUMN} IS NULL" if cells is not None else "false"
     facts = changed.selectExpr(f"{bucket_expr(bounds)} AS b", f"{untyped} AS untyped") \

@@ -456,3 +456,35 @@ def test_the_placement_stays_small_for_many_buckets() -> None:
     assert sorted(spark_int_hash(v) % PLACED_BUCKETS for v in salts) == many  # one partition each
     assert max(salts) < 20 * PLACED_BUCKETS
     assert bucket_placement(list(range(PLACED_BUCKETS + 1))) == "bucket"
+
+
+def test_a_rebase_right_after_one_diff_merges_that_diffs_delta_as_it_is(spark: Any, tmp_path: Path) -> None:
+    """The usual re-base (one diff since the state, nothing since the diff): the delta's rows are
+    the changes, read where they are (no grouped copy of them in scratch), and the snapshot is the
+    table in every format, parquet included."""
+    import pyarrow.parquet as pq
+
+    from snapshot_assets.spark.diff import build_diff
+
+    initial = 1500
+    waves = [[(Action.UPDATE, i) for i in range(initial - 100, initial, 5)] + [(Action.DELETE, 7), (Action.INSERT, initial)]]
+    reader, positions = buffer_with(tmp_path / "buffer", initial, waves, text=True, text_changes=True)
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    formats = (*BYTE_FORMATS, "parquet")
+    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
+                           formats, tmp_path / "s0", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
+    schema = first.details["state"].schema
+    diff = build_diff(spark, reader.segments(positions[0], positions[1]), LayeredBase(first.details["state"], ()),
+                      positions[1], KEYS, formats, tmp_path / "d1", tmp_path / "deltas" / "1", state_formats=formats,
+                      schema=schema)
+    layered = LayeredBase(first.details["state"], (diff.details["delta"],))
+    snap = build_snapshot(spark, layered, [], positions[1], KEYS, formats, tmp_path / "s1",
+                          tmp_path / "state" / "epoch=2", bucket_bytes=16 * 1024, schema=schema)
+    assert snap.details["mode"] == "incremental" and 0 < snap.details["rewritten"] < snap.details["buckets"]
+    assert not (tmp_path / "s1" / "_work" / "changed").exists()
+    table = table_after(initial, waves)
+    for fid in BYTE_FORMATS:
+        assert staged_bytes(snap.formats[fid]) == expected_bytes(fid, table), fid
+    merged = pq.read_table(io.BytesIO(staged_bytes(snap.formats["parquet"]))).sort_by("id")
+    assert merged.select(list(CODEC.names)).to_pylist() == [table[i] for i in sorted(table)]
