@@ -312,6 +312,19 @@ def test_a_rebase_after_diffs_merges_the_rows_the_diffs_encoded(spark: Any, tmp_
         assert b"".join(p.read_bytes() for p in snap.formats[fid].files()) == expected_bytes(fid, table), fid
 
 
+def _typed_first_snapshot(spark: Any, tmp_path: Path, initial: int, waves: list[list[tuple[Action, int]]], *,
+                          text: bool) -> tuple[BufferReader, list[str], BuiltArtifact]:
+    """A buffer (`buffer_with`, the changes as column text too with `text`) and the full build of
+    its copy in every format, parquet included (so the state has typed columns)."""
+    reader, positions = buffer_with(tmp_path / "buffer", initial, waves, text=text, text_changes=text)
+    resync = reader.latest_resync()
+    assert resync is not None and resync.segment is not None
+    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
+                           (*BYTE_FORMATS, "parquet"), tmp_path / "s0", tmp_path / "state" / "epoch=1",
+                           bucket_bytes=16 * 1024)
+    return reader, positions, first
+
+
 @pytest.mark.parametrize("text", [False, True], ids=["typed", "postgres-text"])
 def test_diffs_type_their_new_images_once_for_the_parquet_diff_and_the_rebase(spark: Any, tmp_path: Path,
                                                                              text: bool) -> None:
@@ -329,12 +342,8 @@ def test_diffs_type_their_new_images_once_for_the_parquet_diff_and_the_rebase(sp
     initial = 1200
     waves = [[(Action.UPDATE, i) for i in range(w, initial, 40)] + [(Action.INSERT, initial + w)] for w in range(2)]
     waves.append([(Action.DELETE, i) for i in range(0, initial, 200)] + [(Action.UPDATE, 5)])
-    reader, positions = buffer_with(tmp_path / "buffer", initial, waves, text=text, text_changes=text)
-    resync = reader.latest_resync()
-    assert resync is not None and resync.segment is not None
+    reader, positions, first = _typed_first_snapshot(spark, tmp_path, initial, waves, text=text)
     formats = (*BYTE_FORMATS, "parquet")
-    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
-                           formats, tmp_path / "s0", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
     schema = first.details["state"].schema
     assert schema is not None
     layered = LayeredBase(first.details["state"], ())
@@ -467,13 +476,10 @@ def test_a_rebase_right_after_one_diff_merges_that_diffs_delta_as_it_is(spark: A
     from snapshot_assets.spark.diff import build_diff
 
     initial = 1500
-    waves = [[(Action.UPDATE, i) for i in range(initial - 100, initial, 5)] + [(Action.DELETE, 7), (Action.INSERT, initial)]]
-    reader, positions = buffer_with(tmp_path / "buffer", initial, waves, text=True, text_changes=True)
-    resync = reader.latest_resync()
-    assert resync is not None and resync.segment is not None
+    waves = [[(Action.UPDATE, i) for i in range(initial - 100, initial, 5)] +
+             [(Action.DELETE, 7), (Action.INSERT, initial)]]
+    reader, positions, first = _typed_first_snapshot(spark, tmp_path, initial, waves, text=True)
     formats = (*BYTE_FORMATS, "parquet")
-    first = build_snapshot(spark, BufferSnapshotBase(reader.segment_ref(resync.segment)), [], positions[0], KEYS,
-                           formats, tmp_path / "s0", tmp_path / "state" / "epoch=1", bucket_bytes=16 * 1024)
     schema = first.details["state"].schema
     diff = build_diff(spark, reader.segments(positions[0], positions[1]), LayeredBase(first.details["state"], ()),
                       positions[1], KEYS, formats, tmp_path / "d1", tmp_path / "deltas" / "1", state_formats=formats,
