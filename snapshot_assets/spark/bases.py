@@ -241,8 +241,12 @@ def with_cells(frame: DataFrame, schema: RowSchema | None) -> DataFrame:
 def latest_images(layers: Sequence[DataFrame], ddl: str = STATE_DDL, extra: Sequence[str] = ()) -> DataFrame:
     """Layers of `ddl` rows (key first; STATE_DDL or the state's ROWS_DDL) and the `extra` columns,
     in order -> each key's row in the last layer that has the key (row null: the key was deleted).
-    Only the layers are grouped: they hold changed keys, not the table."""
+    Only the layers are grouped: they hold changed keys, not the table. Each layer holds a key once
+    (a diff's net changes, a window's), so one layer is its own latest images: returned as it is.
+    """
     columns = [*(c.split()[0] for c in ddl.split(",")), *extra]
+    if len(layers) == 1:
+        return layers[0].select(*columns)
     rest = ", ".join(columns[1:])
     steps = [layer.selectExpr("key", f"struct({i} AS layer, {rest}) AS s") for i, layer in enumerate(layers)]
     stacked = functools.reduce(lambda a, b: a.unionByName(b), steps)

@@ -67,7 +67,6 @@ from snapshot_assets.spark.remote_io import input_file
 from snapshot_assets.spark.state import (
     BYTE_FORMATS,
     MAX_GROWTH,
-    ROWS_COLUMNS,
     ROWS_DDL,
     TARGET_BUCKET_BYTES,
     StateBase,
@@ -214,14 +213,11 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
     moved = replace(state, path=state_dir.uri, s3=state_dir.s3, position=position)
     if not layers:
         return StateBuild(moved, frozenset(), {}, "incremental")
-    extra = [TYPED_COLUMN] if cells is not None else []
-    if window is None and len(stored) == 1 and stored[0] is not None:
-        # The usual re-base: one diff since the state, its delta encoded. Its rows are the changes
-        # as they are (one per key, on disk already, read twice below at a read's cost each): no
-        # grouping of layers and no copy of them into scratch.
-        changed = stored[0].select(*ROWS_COLUMNS, *extra)
-    else:
-        changed = materialize(latest_images(layers, ROWS_DDL, extra), scratch / "changed")
+    changed = latest_images(layers, ROWS_DDL, [TYPED_COLUMN] if cells is not None else [])
+    if not (window is None and len(stored) == 1 and stored[0] is not None):
+        # Read twice below: kept in scratch, unless it is one diff's encoded delta (the usual
+        # re-base), which is on disk already and read at a read's cost each time.
+        changed = materialize(changed, scratch / "changed")
     # One pass over the changes says which buckets they fall in and whether any row still needs typing.
     untyped = f"row IS NOT NULL AND {TYPED_COLUMN} IS NULL" if cells is not None else "false"
     facts = changed.selectExpr(f"{bucket_expr(bounds)} AS b", f"{untyped} AS untyped") \

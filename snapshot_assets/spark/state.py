@@ -76,7 +76,6 @@ from snapshot_assets.spark.typed_copies import CopyTyper
 STATE_MARKER = "_snapshotter_state.json"
 STATE_VERSION = 4  # 4: buckets keep their parquet piece's footer (a state of 3 has none: one full build writes them)
 ROWS_DDL = "key STRING, sk BINARY, row STRING, pb BINARY, ver STRING"
-ROWS_COLUMNS = tuple(c.split()[0] for c in ROWS_DDL.split(","))
 #: Formats whose artifact is the concatenation of per-row records (no header, no footer).
 BYTE_FORMATS = ("jsonl", "protobuf")
 
