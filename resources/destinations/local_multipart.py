@@ -127,20 +127,27 @@ class LocalUpload:
                 with contextlib.suppress(FileNotFoundError):
                     old.unlink()
 
-    def _kept(self, number: int, names: frozenset[str] | None = None) -> tuple[Path, int, int] | None:
+    def _kept(self, number: int, names: Sequence[str] | None = None) -> tuple[Path, int, int] | None:
         """Where part `number`'s bytes are: (file, start, length); None when it was never written.
-        `names`: the staging folder's file names, listed once by a caller asking for many parts."""
+        `names`: the files staged for this part (its part file before its links), when the caller
+        listed the folder once for many parts (`_staged`); else they are looked up here."""
         part = self._part(number)
-        if names is None or part.name in names:
-            with contextlib.suppress(FileNotFoundError):
-                return part, 0, part.stat().st_size
-        prefix = f"{part.name}@"
-        links = self._links(number) if names is None else \
-            sorted(self.staging / name for name in names if name.startswith(prefix))
-        for link in links:
-            start, _, length = link.name.split("@", 1)[1].partition("+")
-            return link, int(start), int(length)
+        for name in names if names is not None else [part.name, *(link.name for link in self._links(number))]:
+            if name == part.name:
+                with contextlib.suppress(FileNotFoundError):
+                    return part, 0, part.stat().st_size
+                continue
+            start, _, length = name.split("@", 1)[1].partition("+")
+            return self.staging / name, int(start), int(length)
         return None
+
+    def _staged(self) -> dict[str, list[str]]:
+        """The staging folder's files by the part they hold (`part-N`: the part file, then its links
+        `part-N@start+length`), from one listing: a lookup per part would grow with the parts squared."""
+        staged: dict[str, list[str]] = {}
+        for name in sorted(os.listdir(self.staging)):
+            staged.setdefault(name.split("@", 1)[0], []).append(name)
+        return staged
 
     @contextlib.contextmanager
     def _new_part(self, number: int) -> Iterator[int]:
@@ -250,8 +257,8 @@ class LocalUpload:
         if not self.staging.is_dir():
             raise MultipartError(f"{where}: the upload is not open (completed or aborted)")
         check_numbers(numbers, where)
-        names = frozenset(os.listdir(self.staging))  # once: a glob per part would grow with the parts squared
-        kept = {n: self._kept(n, names) for n in numbers}
+        staged = self._staged()
+        kept = {n: self._kept(n, staged.get(self._part(n).name, [])) for n in numbers}
         missing = [n for n, part in kept.items() if part is None]
         if missing:
             raise MultipartError(f"{where}: parts {missing[:10]} were never written")
