@@ -6,7 +6,8 @@ client session over gRPC is ready in about a second.
 
 How: the pip-installed pyspark ships `spark-submit` and the Connect server classes (the
 `spark-connect` jar is in `pyspark/jars`), so nothing is downloaded. The server is launched as
-`spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer spark-internal` in its
+`spark-submit --conf spark.plugins=...SparkConnectPlugin connect_host.py` (a classic session serving
+Spark Connect, its sessions sharing one pool of Python workers: see connect_host.py) in its
 own session (it outlives the process that started it), bound to 127.0.0.1 on a free port, with a
 random bearer token so other users of the machine cannot use it. `<state_dir>/server.json` (0600)
 records pid, port and token; a later process reuses the server when that pid is still the Connect
@@ -15,8 +16,8 @@ runs starting together share one server. Its log is `<state_dir>/server.log`.
 
 The server's Python workers run this interpreter (`PYSPARK_PYTHON`), so they import this project
 (tasks call the archive code) exactly as the driver does. Workers are reused and keep the modules
-they imported, so a server started by a different version of this code (a fingerprint of the
-project's source files, recorded in server.json) is restarted rather than reused.
+they imported, across sessions too, so a server started by a different version of this code (a
+fingerprint of the project's source files, recorded in server.json) is restarted rather than reused.
 
 Idle stop: the server outlives the command that started it (warm runs), but not for good. A small
 watchdog process beside it (`watch`) ends it after `idle_timeout_s` (server.json; `spark {
@@ -71,6 +72,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+HOST_SCRIPT = Path(__file__).resolve().with_name("connect_host.py")  # the local server's driver program
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+ISOLATION = "spark.sql.artifact.isolation.enabled"
+WORKER_DAEMON = "snapshot_assets.spark.worker_daemon"  # the local server's Python daemon: task code preloaded
 DEFAULT_STATE_DIR = Path(".snapshotter") / "spark-connect"
 START_TIMEOUT_S = 180.0
 _INFO_FILE = "server.json"
@@ -138,7 +143,8 @@ def _pid_is_server(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no procfs (macOS): the pid check is all there is
-    return SERVER_CLASS.encode() in cmdline
+    # A server started by an earlier version of this project ran SERVER_CLASS: still ours to stop.
+    return HOST_SCRIPT.name.encode() in cmdline or SERVER_CLASS.encode() in cmdline
 
 
 def _answers(port: int) -> bool:
@@ -245,14 +251,26 @@ def _settle_dump(dump: str, clean: bool) -> None:
             part.unlink(missing_ok=True)
 
 
-def server_command(port: int, conf: Mapping[str, str], master: str = "local[*]", java_option: str = "") -> list[str]:
-    """The spark-submit command line of a local server (static confs such as memory go here);
-    `java_option` joins the driver JVM's options (the class-data archive's)."""
+def server_command(port: int, conf: Mapping[str, str], master: str = "local[*]", java_option: str = "", *,
+                   shared_workers: bool = False) -> list[str]:
+    """The spark-submit command line of a Connect server on 127.0.0.1 (static confs such as memory go
+    here); `java_option` joins the driver JVM's options (the class-data archive's).
+
+    `shared_workers`: the local server's form. Its driver is `connect_host.py`, a classic session with
+    the Connect plugin and artifact isolation off, so every session shares one pool of Python workers
+    (see that file for why), forked from a daemon that has imported the task code (worker_daemon.py).
+    Otherwise `SparkConnectServer`, whose sessions are isolated: what a
+    server needs whose clients ship their own code (a cluster's)."""
     home = pyspark_home()
-    cmd = [str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master,
-           "--name", "snapshotter-spark-connect"]
+    cmd = [str(home / "bin" / "spark-submit")]
+    if not shared_workers:
+        cmd += ["--class", SERVER_CLASS]
+    cmd += ["--master", master, "--name", "snapshotter-spark-connect"]
     settings = {**conf, "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.connect.grpc.binding.port": str(port)}
+    if shared_workers:
+        settings.update({"spark.plugins": CONNECT_PLUGIN, ISOLATION: "false",
+                         "spark.python.daemon.module": WORKER_DAEMON})
     if java_option:
         settings[_JAVA_OPTIONS] = f"{settings.get(_JAVA_OPTIONS, '')} {java_option}".strip()
     memory = settings.pop("spark.driver.memory", None)
@@ -260,7 +278,7 @@ def server_command(port: int, conf: Mapping[str, str], master: str = "local[*]",
         cmd += ["--driver-memory", memory]  # must reach the JVM's -Xmx, not the session
     for key, value in sorted(settings.items()):
         cmd += ["--conf", f"{key}={value}"]
-    return [*cmd, "spark-internal"]
+    return [*cmd, str(HOST_SCRIPT) if shared_workers else "spark-internal"]
 
 
 def _server_env(token: str) -> dict[str, str]:
@@ -307,7 +325,8 @@ def _launch_with(state_dir: Path, conf: Mapping[str, str], timeout_s: float, idl
     port, token = _free_port(), secrets.token_urlsafe(24)
     log_path = state_dir / _LOG_FILE
     with open(log_path, "ab") as out:
-        process = subprocess.Popen(server_command(port, conf, java_option=java_option), stdin=subprocess.DEVNULL,
+        process = subprocess.Popen(server_command(port, conf, java_option=java_option, shared_workers=True),
+                                   stdin=subprocess.DEVNULL,
                                    stdout=out, stderr=subprocess.STDOUT, env=_server_env(token),
                                    start_new_session=True)
     info = ServerInfo(process.pid, port, token, time.time(), str(log_path), code_fingerprint(), idle_timeout_s, dump)

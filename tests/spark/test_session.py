@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,20 @@ from tests.spark.conftest import (
 )
 
 
-def test_server_command_uses_the_bundled_jars_only() -> None:
-    cmd = server_command(15999, {"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2"})
+@pytest.mark.parametrize("shared_workers", [False, True], ids=["isolated", "shared-workers"])
+def test_server_command_uses_the_bundled_jars_only(shared_workers: bool) -> None:
+    cmd = server_command(15999, {"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2"},
+                         shared_workers=shared_workers)
     assert cmd[0].endswith("bin/spark-submit") and "--packages" not in cmd and "--jars" not in cmd
-    assert cmd[cmd.index("--class") + 1] == "org.apache.spark.sql.connect.service.SparkConnectServer"
     assert cmd[cmd.index("--driver-memory") + 1] == "1g"
-    assert "spark.connect.grpc.binding.address=127.0.0.1" in cmd and cmd[-1] == "spark-internal"
+    assert "spark.connect.grpc.binding.address=127.0.0.1" in cmd
+    if shared_workers:  # the local server: a classic session serving Connect, its sessions not isolated
+        assert "--class" not in cmd and cmd[-1] == str(connect_server.HOST_SCRIPT)
+        assert {f"spark.plugins={connect_server.CONNECT_PLUGIN}", "spark.sql.artifact.isolation.enabled=false",
+                f"spark.python.daemon.module={connect_server.WORKER_DAEMON}"} <= set(cmd)
+    else:
+        assert cmd[cmd.index("--class") + 1] == "org.apache.spark.sql.connect.service.SparkConnectServer"
+        assert cmd[-1] == "spark-internal"
 
 
 def test_fallback_to_a_classic_session_when_the_server_cannot_start(
@@ -126,6 +135,7 @@ def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
             layered = LayeredBase(layered.state, (*layered.deltas, built.details["delta"]))
         head = [decode_row(r["row"]) for r in layered.frame(cold.spark, KEY_FIELDS).collect()]
         assert by_key([r for r in head if r is not None]) == g.gen.table_at(b[-1])
+        cold_daemon = python_worker_daemon(cold.spark)
         cold.stop()
 
         started = time.monotonic()
@@ -133,12 +143,31 @@ def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
         assert warm.mode == "connect-local" and "reused" in warm.note
         assert warm.spark.range(5).count() == 5
         assert time.monotonic() - started < cold.startup_s
+        # The sessions share the server's Python workers: the next run's tasks find them warm (reused,
+        # or forked by the same daemon, which imported the task code before it forked).
+        warm_daemon = python_worker_daemon(warm.spark)
+        assert warm_daemon == cold_daemon and connect_server.WORKER_DAEMON in warm_daemon[1]
         info = local_server_info(state)
         assert info is not None and info.pid > 0
         warm.stop()
     finally:
         stopped = stop_local_connect_server(state)
     assert stopped and local_server_info(state) is None
+
+
+def python_worker_daemon(spark: Any) -> tuple[int, str]:
+    """(pid, command line) of the daemon that forked the Python worker of a one-task job."""
+    def which(batches: Iterator[Any]) -> Iterator[Any]:
+        import os
+
+        import pyarrow as pa
+
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        for _ in batches:
+            yield pa.RecordBatch.from_pydict({"pid": [os.getppid()], "parent": [parent]})
+
+    row = spark.range(1).repartition(1).mapInArrow(which, "pid long, parent string").collect()[0]
+    return int(row["pid"]), str(row["parent"])
 
 
 def fake_server(state: Path, code: str) -> subprocess.Popen[bytes]:
