@@ -17,11 +17,13 @@ SIGINT, then stops the session (the JVM exits with it).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 
-# Run as a file, this folder would lead sys.path and its modules could shadow others by name.
-sys.path = [entry for entry in sys.path[1:]]
+# Run as a file, this folder leads sys.path, where its modules could shadow others by name.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
 
 
 def main() -> None:
