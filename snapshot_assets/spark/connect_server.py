@@ -259,8 +259,8 @@ def server_command(port: int, conf: Mapping[str, str], master: str = "local[*]",
     `shared_workers`: the local server's form. Its driver is `connect_host.py`, a classic session with
     the Connect plugin and artifact isolation off, so every session shares one pool of Python workers
     (see that file for why), forked from a daemon that has imported the task code (worker_daemon.py).
-    Otherwise `SparkConnectServer`, whose sessions are isolated: what a
-    server needs whose clients ship their own code (a cluster's)."""
+    Otherwise `SparkConnectServer`, whose sessions are isolated, as a server whose clients ship their
+    own code (a cluster's) needs."""
     home = pyspark_home()
     cmd = [str(home / "bin" / "spark-submit")]
     if not shared_workers:
