@@ -6,6 +6,10 @@ non-reentrant lock for a moment on its way in. A handler that calls `stop.set()`
 for that lock forever: a `capture-serve` once never stopped after a SIGTERM sent just as it
 started to wait. So the handler sets the event from a thread of its own, which takes the lock as
 soon as the main thread lets go of it.
+
+A process-directed signal may also be delivered to any thread, gRPC's C threads included; the
+handler then runs only when the main thread next executes Python code, and a main thread blocked in
+an untimed `stop.wait()` never does. `wait_for(stop)` therefore waits in short slices.
 """
 
 from __future__ import annotations
@@ -41,3 +45,12 @@ def install(stop: threading.Event, message: str | None = None,
     """Make `signals` set `stop` (main thread only); the handlers they had, to restore."""
     handler = setting(stop, message)
     return {sig: signal.signal(sig, handler) for sig in signals}
+
+
+def wait_for(stop: threading.Event, slice_seconds: float = 0.25) -> None:
+    """Block until `stop` is set, waking every `slice_seconds` so pending signal handlers run.
+
+    A CI run once saw `capture-serve` ignore a SIGTERM for a minute: the signal had landed on a gRPC
+    thread while the main thread slept in an untimed wait."""
+    while not stop.wait(slice_seconds):
+        pass

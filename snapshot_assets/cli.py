@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import dagster as dg
 
+from resources import stop_signals
 from resources.aws_credentials import CredentialProfiles
 from resources.destinations.base import Destination, DestinationError
 from resources.destinations.factory import build_destination, location_spec
@@ -603,7 +604,7 @@ def cmd_capture_serve(args: argparse.Namespace, out: TextIO) -> int:
     port = app.start(args.port, args.http_port, args.host)
     print(f"capture: listening on {args.host}:{port}" + (f", http {app.http_port_bound}" if args.http_port is not None
                                                          else ""), file=out, flush=True)
-    stop.wait()
+    stop_signals.wait_for(stop)
     app.stop()
     return 0
 

@@ -37,6 +37,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from resources import stop_signals
 from resources.destinations.base import DestinationError
 from snapshot_assets.archive.errors import ArchiveError, ManifestNotFound, PositionError
 from snapshot_assets.bootstrap import BootstrapError, Bootstrapper, UnknownTable
@@ -198,7 +199,7 @@ def serve(collect: Callable[[], Sequence[TableStatus]], *, tables: Sequence[str]
     if on_listening is not None:
         on_listening(bound)
     try:
-        (stop or threading.Event()).wait()
+        stop_signals.wait_for(stop or threading.Event())
     finally:
         collector.stop()
         server.shutdown()

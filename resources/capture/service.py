@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc  # type: ignore[import-untyped]
 
+from resources import stop_signals
 from resources.capture.buffer import CaptureBuffer, Publication, PublishRejected
 from resources.proto.prism.interfaces import pubsub_basic_pb2 as pb
 from resources.proto.prism.interfaces import pubsub_basic_pb2_grpc as pb_grpc
@@ -104,5 +105,5 @@ def grpc_server(servicer: PubSubCapture, port: int, host: str = "0.0.0.0", worke
 
 
 def serve_until(stop: threading.Event, server: grpc.Server, grace: float = 10.0) -> None:
-    stop.wait()
+    stop_signals.wait_for(stop)
     server.stop(grace).wait()

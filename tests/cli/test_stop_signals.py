@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -45,3 +47,27 @@ def test_sigint_stops_too(restored_handlers: None) -> None:
     install_stop_signals(stop)
     signal.raise_signal(signal.SIGINT)
     assert stop.wait(5)
+
+
+WAITER = """
+import signal, threading, time
+from resources import stop_signals
+stop = threading.Event()
+stop_signals.install(stop)
+def deliver_to_this_thread():
+    time.sleep(0.3)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    time.sleep(60)
+threading.Thread(target=deliver_to_this_thread, daemon=True).start()
+started = time.monotonic()
+stop_signals.wait_for(stop)
+print(round(time.monotonic() - started, 2))
+"""
+
+
+def test_a_signal_delivered_to_another_thread_still_stops_the_waiting_main_thread() -> None:
+    """Linux may hand a process-directed SIGTERM to any thread (a gRPC thread, say); the handler then
+    waits for the main thread to run Python code, which an untimed `Event.wait()` never lets it do."""
+    done = subprocess.run([sys.executable, "-c", WAITER], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) < 5
