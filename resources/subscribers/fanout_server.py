@@ -455,7 +455,7 @@ def serve(config: FanoutConfig | Mapping[str, Any], subscriber: Subscriber | Non
                      listener_url(listener))
         if on_ready is not None:
             on_ready(server)
-        done.wait()
+        stop_signals.wait_for(done)
     finally:
         log.info("fan-out %s.%s draining (up to %.0fs)", cfg.schema, cfg.table, cfg.drain_timeout)
         server.stop(drain_s=cfg.drain_timeout)
