@@ -79,6 +79,12 @@ from snapshot_assets.spark.connect_server import (  # noqa: E402
     pyspark_home,
     stop_local_connect_server,
 )
+from snapshot_assets.spark.server_memory import (  # noqa: E402
+    DEFAULT_OVERHEAD,
+    HEAP_KEY,
+    OVERHEAD_KEY,
+    memory_budget_mib,
+)
 from snapshot_assets.spark.session import LOCAL_DEFAULTS  # noqa: E402
 from tests.e2e.conftest import e2e_env  # noqa: E402
 from tests.pg.conftest import PgCluster  # noqa: E402
@@ -562,6 +568,18 @@ def row(label: str, ours: Step, peer_label: str, peer: float, target: str) -> st
             f"{mib(ours.peak_kb)} | {mib(ours.server_jvm_kb)} / {mib(ours.server_tree_kb)} | {ours.load_text} |")
 
 
+def server_memory_text(steps: list[Step]) -> str:
+    """The server-memory target: the JVM's peak over every step against heap + overhead."""
+    budget = memory_budget_mib(LOCAL_DEFAULTS)
+    jvm = max(x.server_jvm_kb for x in steps)
+    workers = max(x.server_tree_kb - x.server_jvm_kb for x in steps)
+    verdict = "no budget: the heap is Spark's default" if budget is None else (
+        f"against its configured {budget:,} MiB (heap + overhead): {'met' if jvm <= budget * 1024 else 'NOT met'}")
+    return (f"Spark Connect server peak RSS: the JVM's VmHWM over every step peaked at {mib(jvm)} {verdict}. "
+            f"Its Python workers (tree minus JVM, summed over processes, so pages they share with the daemon "
+            f"count once per worker) peaked at {mib(workers)}: they hold one bucket at a time each, not the table.")
+
+
 def render(args: argparse.Namespace, facts: str, initial: Step, copy: Step, duck_write: Step, delta_init: Step,
            fixed: list[Step], workloads: list[Workload], sizes: dict[str, int], elapsed: float) -> str:
     peer_initial = copy.seconds + duck_write.seconds
@@ -572,8 +590,9 @@ def render(args: argparse.Namespace, facts: str, initial: Step, copy: Step, duck
     lines = [
         SECTION.format(rows=args.rows), "",
         f"Machine: {facts}. Produced by `benchmarks/rebase.py --rows {args.rows} --repeat {args.repeat}` in "
-        f"{elapsed / 60:.0f} min; the Spark Connect server's JVM heap is capped by spark.driver.memory "
-        f"({LOCAL_DEFAULTS.get('spark.driver.memory', 'Spark default')}).",
+        f"{elapsed / 60:.0f} min; the Spark Connect server's JVM is held to spark.driver.memory "
+        f"({LOCAL_DEFAULTS.get(HEAP_KEY, 'Spark default')}, its heap) + spark.driver.memoryOverhead "
+        f"({LOCAL_DEFAULTS.get(OVERHEAD_KEY, DEFAULT_OVERHEAD)}).",
         "",
         f"A PostgreSQL table of {args.rows:,} rows (8 columns, REPLICA IDENTITY DEFAULT). Seconds are wall "
         f"time; the ratio is this project / the peer; the re-base rows are medians of {args.repeat} run(s). "
@@ -595,8 +614,7 @@ def render(args: argparse.Namespace, facts: str, initial: Step, copy: Step, duck
         lines.append(row(f"({w.name}) re-base (`--force-snapshot --no-ingest`)", rebase,
                          "DuckDB base anti-join changes → jsonl + parquet", peer.seconds,
                          target_text(args.rows, w.name, rebase.seconds, peer.seconds)))
-    lines += [
-        "",
+    lines += ["", server_memory_text(steps), "",
         "Workloads: " + "; ".join(f"({w.name}) {w.description}: {w.changed_keys:,} keys changed, diff "
                                   f"{size_text(w.diff_bytes.get('jsonl', 0))} jsonl" for w in workloads) + ".",
         f"delta-rs wrote the initial Delta table in {delta_init.seconds:.1f} s. Snapshot sizes: "

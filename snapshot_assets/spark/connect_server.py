@@ -69,6 +69,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from snapshot_assets.spark.server_memory import HEAP_KEY, jvm_caps, overhead_mib
+
 log = logging.getLogger(__name__)
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -254,7 +256,8 @@ def _settle_dump(dump: str, clean: bool) -> None:
 def server_command(port: int, conf: Mapping[str, str], master: str = "local[*]", java_option: str = "", *,
                    shared_workers: bool = False) -> list[str]:
     """The spark-submit command line of a Connect server on 127.0.0.1 (static confs such as memory go
-    here); `java_option` joins the driver JVM's options (the class-data archive's).
+    here); `java_option` joins the driver JVM's options (the class-data archive's). The JVM is held to
+    `spark.driver.memory` + `spark.driver.memoryOverhead` (server_memory.py).
 
     `shared_workers`: the local server's form. Its driver is `connect_host.py`, a classic session with
     the Connect plugin and artifact isolation off, so every session shares one pool of Python workers
@@ -271,9 +274,10 @@ def server_command(port: int, conf: Mapping[str, str], master: str = "local[*]",
     if shared_workers:
         settings.update({"spark.plugins": CONNECT_PLUGIN, ISOLATION: "false",
                          "spark.python.daemon.module": WORKER_DAEMON})
-    if java_option:
-        settings[_JAVA_OPTIONS] = f"{settings.get(_JAVA_OPTIONS, '')} {java_option}".strip()
-    memory = settings.pop("spark.driver.memory", None)
+    # the caps that hold the JVM to heap + overhead (server_memory.py) first: options of the user's own win
+    options = [*jvm_caps(overhead_mib(settings)), settings.get(_JAVA_OPTIONS, ""), java_option]
+    settings[_JAVA_OPTIONS] = " ".join(o for o in options if o)
+    memory = settings.pop(HEAP_KEY, None)
     if memory:
         cmd += ["--driver-memory", memory]  # must reach the JVM's -Xmx, not the session
     for key, value in sorted(settings.items()):

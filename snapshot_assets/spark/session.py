@@ -41,6 +41,7 @@ from snapshot_assets.spark.connect_server import (
     ensure_local_connect_server,
     stop_local_connect_server,
 )
+from snapshot_assets.spark.server_memory import DEFAULT_OVERHEAD
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ LOCAL_DEFAULTS: Mapping[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.memory": "4g",
+    "spark.driver.memoryOverhead": DEFAULT_OVERHEAD,  # the JVM's memory outside the heap (server_memory.py)
     "spark.sql.execution.arrow.maxRecordsPerBatch": "4096",
     "spark.sql.adaptive.enabled": "true",
     "spark.python.worker.reuse": "true",

@@ -30,7 +30,14 @@ from snapshot_assets.spark.connect_server import (
 )
 from snapshot_assets.spark.diff import build_diff
 from snapshot_assets.spark.effects import decode_row
-from snapshot_assets.spark.session import CONNECT_MODE, open_spark, session_from_settings, warm_local_server
+from snapshot_assets.spark.server_memory import jvm_caps, memory_budget_mib
+from snapshot_assets.spark.session import (
+    CONNECT_MODE,
+    LOCAL_DEFAULTS,
+    open_spark,
+    session_from_settings,
+    warm_local_server,
+)
 from snapshot_assets.spark.snapshot import build_snapshot
 from tests.spark.conftest import (
     ALL_FORMATS,
@@ -149,10 +156,21 @@ def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
         assert warm_daemon == cold_daemon and connect_server.WORKER_DAEMON in warm_daemon[1]
         info = local_server_info(state)
         assert info is not None and info.pid > 0
+        # The JVM is held to heap + overhead: -Xmx, and caps on the pools that grow with the work
+        jvm = Path(f"/proc/{info.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"-Xmx1g" in jvm and {c.encode() for c in jvm_caps(1024)} <= set(jvm)
+        budget = memory_budget_mib({**LOCAL_DEFAULTS, **config.conf})
+        assert budget == 2048 and peak_rss_kib(info.pid) <= budget * 1024
         warm.stop()
     finally:
         stopped = stop_local_connect_server(state)
     assert stopped and local_server_info(state) is None
+
+
+def peak_rss_kib(pid: int) -> int:
+    """A process's peak resident set (VmHWM), in KiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
 
 
 def python_worker_daemon(spark: Any) -> tuple[int, str]:
