@@ -65,6 +65,7 @@ from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.archive.sortkey import sort_keys
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
+from snapshot_assets.spark import bucket_merge
 from snapshot_assets.spark.effects import NET_DDL, STATE_ARROW, decode_row
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, refusing_misfits
@@ -374,25 +375,21 @@ def _bucket_slices(batches: Iterable[Any]) -> Iterator[tuple[int, Any]]:
                 yield int(buckets[lo]), rows.slice(lo, hi - lo)
 
 
-_MERGED_BATCH_ROWS = 65536  # rows per batch a merged bucket is written in
-
-
 def _merged_buckets(slices: Iterable[tuple[int, Any]], stored: Mapping[int, str],
                     s3: S3Connection | None) -> Iterator[tuple[int, Any]]:
     """Each bucket's changes (a deleted key: null row) merged into its stored rows file, read by
-    this task from where it lives: the file's rows minus the changed keys, plus the changed rows
-    that have an image, in sk order. Arrow kernels over one bucket at a time; no row crosses Python."""
+    this task from where it lives (bucket_merge.py: the file's rows minus the changed keys, plus the
+    changed rows that have an image, in sk order). One bucket at a time; Python per changed key at most."""
     for bucket, group in itertools.groupby(slices, key=lambda item: item[0]):
         changes = pa.Table.from_batches([rows for _, rows in group])
-        merged = changes.filter(pc.is_valid(changes.column("row")))
         path = stored.get(bucket)
-        if path is not None:
+        if path is None:
+            rows = changes.filter(pc.is_valid(changes.column("row")))
+        else:
             with input_file(path, s3) as source:
-                old = pq.read_table(source, columns=changes.schema.names)
-            kept = old.filter(pc.invert(pc.is_in(old.column("key"), value_set=changes.column("key"))))
-            merged = pa.concat_tables([kept.cast(changes.schema), merged]).sort_by("sk")
-        for rows in merged.combine_chunks().to_batches(max_chunksize=_MERGED_BATCH_ROWS):
-            yield bucket, rows
+                rows = bucket_merge.merged(pq.read_table(source, columns=changes.schema.names), changes)
+        for batch in bucket_merge.batches(rows):
+            yield bucket, batch
 
 
 def _bucket_task(batches: Iterable[Any], pool: Location, staging: str | None, token: str,

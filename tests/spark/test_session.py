@@ -142,7 +142,7 @@ def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
             layered = LayeredBase(layered.state, (*layered.deltas, built.details["delta"]))
         head = [decode_row(r["row"]) for r in layered.frame(cold.spark, KEY_FIELDS).collect()]
         assert by_key([r for r in head if r is not None]) == g.gen.table_at(b[-1])
-        cold_daemon = python_worker_daemon(cold.spark)
+        cold_worker = python_worker(cold.spark)
         cold.stop()
 
         started = time.monotonic()
@@ -152,8 +152,9 @@ def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
         assert time.monotonic() - started < cold.startup_s
         # The sessions share the server's Python workers: the next run's tasks find them warm (reused,
         # or forked by the same daemon, which imported the task code before it forked).
-        warm_daemon = python_worker_daemon(warm.spark)
-        assert warm_daemon == cold_daemon and connect_server.WORKER_DAEMON in warm_daemon[1]
+        warm_worker = python_worker(warm.spark)
+        assert warm_worker == cold_worker and connect_server.WORKER_DAEMON in warm_worker[1]
+        assert warm_worker[2] == "system"  # connect_server.WORKER_ARROW_POOL: no huge-page faults
         info = local_server_info(state)
         assert info is not None and info.pid > 0
         # The JVM is held to heap + overhead: -Xmx, and caps on the pools that grow with the work
@@ -173,8 +174,9 @@ def peak_rss_kib(pid: int) -> int:
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
 
 
-def python_worker_daemon(spark: Any) -> tuple[int, str]:
-    """(pid, command line) of the daemon that forked the Python worker of a one-task job."""
+def python_worker(spark: Any) -> tuple[int, str, str]:
+    """(pid, command line) of the daemon that forked the Python worker of a one-task job, and the
+    worker's Arrow memory pool."""
     def which(batches: Iterator[Any]) -> Iterator[Any]:
         import os
 
@@ -182,10 +184,11 @@ def python_worker_daemon(spark: Any) -> tuple[int, str]:
 
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         for _ in batches:
-            yield pa.RecordBatch.from_pydict({"pid": [os.getppid()], "parent": [parent]})
+            yield pa.RecordBatch.from_pydict({"pid": [os.getppid()], "parent": [parent],
+                                              "pool": [pa.default_memory_pool().backend_name]})
 
-    row = spark.range(1).repartition(1).mapInArrow(which, "pid long, parent string").collect()[0]
-    return int(row["pid"]), str(row["parent"])
+    row = spark.range(1).repartition(1).mapInArrow(which, "pid long, parent string, pool string").collect()[0]
+    return int(row["pid"]), str(row["parent"]), str(row["pool"])
 
 
 def fake_server(state: Path, code: str) -> subprocess.Popen[bytes]:
