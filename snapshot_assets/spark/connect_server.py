@@ -289,7 +289,7 @@ def server_command(port: int, conf: Mapping[str, str], master: str = "local[*]",
 #: default (mimalloc) backs large buffers with transparent huge pages, and on this kind of VM the
 #: kernel compacts memory to fault each one in: a bucket merge's first task in a new worker spent
 #: 1.5-1.9 s in the kernel for 0.9 s of its own work (2.3-3.2 s in all), 0.53-0.66 s with the system
-#: allocator (1.4-1.5 s in all); a one-bucket re-base job of six buckets took 4.4-5.2 s instead of 5.7-6.4 s.
+#: allocator (1.4-1.5 s in all); a re-base job rewriting six buckets took 4.4-5.2 s instead of 5.7-6.4 s.
 WORKER_ARROW_POOL = ("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
