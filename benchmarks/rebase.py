@@ -233,8 +233,9 @@ def phases(log_text: str, launched: float, wall: float) -> dict[str, float]:
 class Product:
     """`snapshotter run --once` on the benchmark table, as users run it."""
 
-    def __init__(self, work: Path, cluster: PgCluster) -> None:
+    def __init__(self, work: Path, cluster: PgCluster, bucket_size: str = "") -> None:
         self.work = work
+        state = f"state.bucket_size = {bucket_size}" if bucket_size else ""
         self.config = work / "snapshotter.conf"
         self.config.write_text(f"""
 snapshotter {{
@@ -245,6 +246,7 @@ snapshotter {{
   destinations = [ {{ type = local, path = {json.dumps(str(work / "archive"))} }} ]
   formats {{ snapshot = [jsonl, protobuf, parquet], diff = [jsonl, protobuf, parquet] }}
   buffer {{ path = {json.dumps(str(work / "buffer"))} }}
+  {state}
 }}
 """)
         self.logs = work / "logs"
@@ -652,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="re-bases (ours and DuckDB's) and fixed-cost runs per step")
     p.add_argument("--keep", action="store_true", help="keep the working directory (logs, archive)")
     p.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks.md")
+    p.add_argument("--bucket-size", default="",
+                   help="the state's bucket_size (default: the product's); implies --no-docs")
     args = p.parse_args(argv)
     if args.rows < 10_000 or args.repeat < 1:
         p.error("--rows must be at least 10,000 and --repeat at least 1")
@@ -664,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
     with workspace(args.keep) as work, private_cluster() as cluster:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanups on a kill
         source = Source(cluster, args.rows)
-        product = Product(work, cluster)
+        product = Product(work, cluster, args.bucket_size)
         try:
             load = timed(source.create)
             print(f"loaded {args.rows:,} rows in {load.seconds:.1f} s", flush=True)
@@ -693,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
                      time.perf_counter() - started)
     print()
     print(section)
-    if not args.no_docs:
+    if not (args.no_docs or args.bucket_size):
         write_section(DOCS, SECTION.format(rows=args.rows), section)
         print(f"wrote the section to {DOCS}")
     return 0
