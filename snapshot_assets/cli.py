@@ -461,7 +461,10 @@ def render_server_status(status: ServerStatus) -> str:
     idle_text = "no (in use)" if status.sessions else human_duration(idle) if idle is not None else "unknown"
     rows = [("pid", str(info.pid)), ("port", str(info.port)), ("uptime", human_duration(status.uptime_s)),
             ("sessions", sessions), ("idle", idle_text),
-            ("rss", f"{status.rss_bytes / 2**20:.0f} MiB" if status.rss_bytes else "unknown"),
+            ("rss", (f"{status.rss_bytes / 2**20:.0f} MiB" if status.rss_bytes else "unknown")
+             + " (the JVM and its Python workers)"),
+            ("memory", f"the JVM held to {info.memory_mib} MiB (spark.driver.memory + spark.driver.memoryOverhead)"
+             if info.memory_mib else "the JVM's heap is Spark's default"),
             ("stops", status.stop_rule()), ("log", info.log_path)]
     return "".join(f"{name:<9}{value}\n" for name, value in rows)
 

@@ -69,7 +69,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from snapshot_assets.spark.server_memory import HEAP_KEY, jvm_caps, overhead_mib
+from snapshot_assets.spark.server_memory import HEAP_KEY, jvm_caps, memory_budget_mib, overhead_mib
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ class ServerInfo:
     code: str = ""  # fingerprint of the project code its Python workers import
     idle_timeout_s: float = 0.0  # stopped by its watchdog after this long without a session; 0 = never
     class_dump: str = ""  # the class-data archive it writes when it ends ("": it maps one, or none)
+    memory_mib: int = 0  # what its JVM is held to, heap + overhead (server_memory.py); 0: not recorded
 
     @property
     def url(self) -> str:
@@ -174,7 +175,7 @@ def _load(state_dir: Path) -> ServerInfo | None:
         data = json.loads((state_dir / _INFO_FILE).read_text())
         return ServerInfo(int(data["pid"]), int(data["port"]), str(data["token"]), float(data["started_at"]),
                           str(data["log_path"]), str(data.get("code", "")), float(data.get("idle_timeout_s", 0.0)),
-                          str(data.get("class_dump", "")))
+                          str(data.get("class_dump", "")), int(data.get("memory_mib", 0)))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -342,7 +343,8 @@ def _launch_with(state_dir: Path, conf: Mapping[str, str], timeout_s: float, idl
                                    stdin=subprocess.DEVNULL,
                                    stdout=out, stderr=subprocess.STDOUT, env=_server_env(token),
                                    start_new_session=True)
-    info = ServerInfo(process.pid, port, token, time.time(), str(log_path), code_fingerprint(), idle_timeout_s, dump)
+    info = ServerInfo(process.pid, port, token, time.time(), str(log_path), code_fingerprint(), idle_timeout_s, dump,
+                      memory_budget_mib(conf) or 0)
     _save(state_dir, info)  # recorded at once, so `stop` can end even a server that never answered
     _start_watchdog(state_dir, process.pid, dump)
     deadline = time.monotonic() + timeout_s

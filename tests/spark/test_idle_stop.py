@@ -98,6 +98,7 @@ def test_the_server_stops_by_itself_once_the_last_session_has_been_idle_long_eno
         shown = spark_cli("status", "--state-dir", str(state))
         assert f"pid      {info.pid}\n" in shown and "sessions 1\n" in shown and "idle     no (in use)" in shown, shown
         assert "rss      " in shown and "MiB" in shown and "stops    after 4s without a session" in shown, shown
+        assert "memory   the JVM held to 1536 MiB (spark.driver.memory + spark.driver.memoryOverhead)\n" in shown, shown
         # a session that does nothing for longer than the idle time still keeps the server
         deadline = time.monotonic() + 3 * idle
         while time.monotonic() < deadline:
