@@ -46,7 +46,10 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmgtp]?)b?\s*$", re.IGNORECASE)
 
 
 def spark_mib(text: str, key: str) -> int:
-    """A Spark memory size (`4g`, `1024m`, `512`: MiB without a unit, as Spark reads these keys) in MiB."""
+    """A Spark memory size (`4g`, `1024m`, `512`: MiB without a unit, as Spark reads these keys) in MiB.
+
+    Not `config_values.parse_size`, the configuration's own sizes: Spark's grammar differs (a bare
+    number is MiB, not bytes; `mb` is MiB, not 10^6 bytes; no fractions), and these values are Spark's."""
     match = _SIZE.match(str(text))
     if match is None:
         raise ValueError(f"{key} = {text!r}: not a Spark memory size (a whole number with k, m, g or t, e.g. 4g)")
