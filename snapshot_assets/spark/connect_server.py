@@ -338,13 +338,15 @@ def _launch_with(state_dir: Path, conf: Mapping[str, str], timeout_s: float, idl
                  java_option: str, dump: str) -> ServerInfo:
     port, token = _free_port(), secrets.token_urlsafe(24)
     log_path = state_dir / _LOG_FILE
+    command = server_command(port, conf, java_option=java_option, shared_workers=True)
+    budget = memory_budget_mib(conf) or 0  # both read the memory sizes: a bad one fails before a launch
     with open(log_path, "ab") as out:
-        process = subprocess.Popen(server_command(port, conf, java_option=java_option, shared_workers=True),
+        process = subprocess.Popen(command,
                                    stdin=subprocess.DEVNULL,
                                    stdout=out, stderr=subprocess.STDOUT, env=_server_env(token),
                                    start_new_session=True)
     info = ServerInfo(process.pid, port, token, time.time(), str(log_path), code_fingerprint(), idle_timeout_s, dump,
-                      memory_budget_mib(conf) or 0)
+                      budget)
     _save(state_dir, info)  # recorded at once, so `stop` can end even a server that never answered
     _start_watchdog(state_dir, process.pid, dump)
     deadline = time.monotonic() + timeout_s

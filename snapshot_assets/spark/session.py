@@ -239,7 +239,8 @@ def warm_local_server(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE
         try:
             ensure_local_connect_server(Path(state_dir), conf=_local_server_conf(config),
                                         idle_timeout_s=config.local_server_idle_timeout.total_seconds())
-        except (ConnectServerError, OSError) as exc:
+        except (ConnectServerError, OSError, ValueError) as exc:  # ValueError: a bad memory size, which
+            # `plan_spark` raises again as the run's error (a setting to mend, not a server to fall back from)
             log.info("warming the local Spark Connect server failed (the run will try again): %s", exc)
 
     thread = threading.Thread(target=start, name="spark-connect-warm-up", daemon=True)

@@ -3,9 +3,12 @@ growable pools capped from the overhead, the user's own JVM options left to win.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from snapshot_assets.spark.connect_server import server_command
+from snapshot_assets.spark import connect_server
+from snapshot_assets.spark.connect_server import ensure_local_connect_server, local_server_info, server_command
 from snapshot_assets.spark.server_memory import (
     MIN_OVERHEAD_MIB,
     jvm_caps,
@@ -50,3 +53,15 @@ def test_the_server_command_carries_the_caps_before_the_users_own_options() -> N
     options = next(c for c in cmd if c.startswith("spark.driver.extraJavaOptions=")).split("=", 1)[1].split()
     assert options == [*jvm_caps(2048), "-XX:MaxDirectMemorySize=1g", "-XX:SharedArchiveFile=x.jsa"]
     assert cmd[cmd.index("--driver-memory") + 1] == "2g"
+
+
+@pytest.mark.parametrize("key", ["spark.driver.memory", "spark.driver.memoryOverhead"])
+def test_a_bad_memory_size_fails_before_any_server_starts(key: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_launch(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a server process was started")
+
+    monkeypatch.setattr(connect_server.subprocess, "Popen", no_launch)
+    with pytest.raises(ValueError, match=f"{key} = '4 gigs'"):
+        ensure_local_connect_server(tmp_path, conf={"spark.driver.memory": "1g", key: "4 gigs"})
+    assert local_server_info(tmp_path) is None and not (tmp_path / "server.json").exists()
