@@ -8,10 +8,11 @@ Two ways, both ending in a new STATE dataset (`state.StateBase`) and the artifac
                a bucket reads its stored rows file itself and merges them in with Arrow kernels
                (`state.write_buckets(into=...)`); every other bucket keeps its rows file, and its bytes in the
                new object are a `Reuse` of the previous snapshot object's range (`previous_keys`)
-               or, without one, its stored bytes concatenated again (`regenerate`). Cost: the changed
-               buckets, not the table.
+               or, without one, its stored bytes concatenated again (`regenerate`). A bucket the
+               changes would grow out of balance is cut into parts (bucket_split.py). Cost: the
+               changed buckets, not the table.
   full         anything else (the initial load, a re-sync, a TRUNCATE, an artifact base, a state
-               whose buckets grew out of balance): the table is computed, its rows encoded once,
+               whose buckets are out of balance all the same): the table is computed, its rows encoded once,
                range-bucketed on sampled sort-key bounds and written.
 
 What runs where: the driver collects bucket reports and a few aggregates (row counts, the touched
@@ -50,6 +51,7 @@ from snapshot_assets.archive.key_index import block_bytes_for
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.bases import Base, BufferSnapshotBase, Census, LayeredBase, latest_images, with_cells
+from snapshot_assets.spark.bucket_split import GROWN_SQL, Growth, overgrowing, split_buckets
 from snapshot_assets.spark.effects import materialize, window_partitions
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import (
@@ -94,6 +96,19 @@ class StateBuild:
     blobs: Mapping[tuple[str, int], Path | Sent]
     mode: str
     shuffle: str = "spark"  # how the rows reached their buckets: Spark's shuffle, or a copy's "runs" (copy_tasks)
+    #: each bucket's index in the previous state (None: a part of a split bucket, written fresh);
+    #: None when the bounds are the previous state's (bucket_split.py)
+    origins: tuple[int | None, ...] | None = None
+
+    def previous_starts(self, previous: StateBase | None, format_id: str) -> list[int]:
+        """Where each of this state's buckets starts in the previous state's snapshot object of
+        `format_id` (a split bucket's parts: never read, as they are written fresh)."""
+        if previous is None:
+            return []
+        starts = previous.offsets(format_id)
+        if self.origins is None:
+            return starts
+        return [starts[o] if o is not None else -1 for o in self.origins]
 
 
 class _Pieces:
@@ -218,21 +233,31 @@ def _incremental(spark: SparkSession, layered: LayeredBase, window: DataFrame | 
         # Read twice below: kept in scratch, unless it is one diff's encoded delta (the usual
         # re-base), which is on disk already and read at a read's cost each time.
         changed = materialize(changed, scratch / "changed")
-    # One pass over the changes says which buckets they fall in and whether any row still needs typing.
+    # One pass over the changes says which buckets they fall in, what they add to each at most, and
+    # whether any row still needs typing.
     untyped = f"row IS NOT NULL AND {TYPED_COLUMN} IS NULL" if cells is not None else "false"
-    facts = changed.selectExpr(f"{bucket_expr(bounds)} AS b", f"{untyped} AS untyped") \
-        .groupBy("b").agg(F.max("untyped").alias("untyped")).collect()
-    touched = sorted(int(r["b"]) for r in facts)
+    facts = changed.selectExpr(f"{bucket_expr(bounds)} AS b", f"{untyped} AS untyped", f"{GROWN_SQL} AS grown") \
+        .groupBy("b").agg(F.max("untyped").alias("untyped"), F.count("*").alias("n"), F.sum("grown").alias("grown")) \
+        .collect()
+    touched: Sequence[int] = sorted(int(r["b"]) for r in facts)
+    growth = {int(r["b"]): Growth(int(r["n"]), int(r["grown"])) for r in facts}
     if cells is not None and any(r["untyped"] for r in facts):
         # rows the diffs did not type (a window since the last diff, an older delta): typed now; a
         # deleted key's cells stay null
         changed = typed_columns(changed, cells, given=TYPED_COLUMN)
-    uploads = pieces.begin(len(state.buckets))
-    reports = write_buckets(changed, bounds, touched, pool, pieces.staged, formats, uploads,
-                            block_bytes_for(bucket_bytes), into=state, parquet=_parquet_schema(formats, state.schema))
-    buckets = buckets_from_reports(reports, bounds, emptied(state.buckets, touched, formats))
+    into, origins = state, None
+    parts = overgrowing(state, growth, bucket_bytes)
+    if parts:
+        log.info("snapshot at %s: splitting %d overgrowing bucket(s) into %d", position, len(parts),
+                 sum(parts.values()))
+        plan = split_buckets(spark, state, changed, parts, growth, touched, cells, scratch)
+        into, changed, touched, origins = replace(state, buckets=plan.buckets), plan.changes, plan.touched, plan.origins
+    uploads = pieces.begin(len(into.buckets))
+    reports = write_buckets(changed, into.bounds, touched, pool, pieces.staged, formats, uploads,
+                            block_bytes_for(bucket_bytes), into=into, parquet=_parquet_schema(formats, state.schema))
+    buckets = buckets_from_reports(reports, into.bounds, emptied(into.buckets, touched, formats))
     built = replace(moved, rows=sum(b.rows for b in buckets), buckets=buckets)
-    return StateBuild(built, frozenset(touched), pieces.blobs(reports), "incremental")
+    return StateBuild(built, frozenset(touched), pieces.blobs(reports), "incremental", origins=origins)
 
 
 def _parquet_schema(formats: Sequence[str], schema: RowSchema | None) -> pa.Schema | None:
@@ -313,7 +338,7 @@ def byte_pieces(build: StateBuild, format_id: str, previous: StateBase | None,
     """The object of one byte format, bucket by bucket: fresh pieces, and ranges of the previous object."""
     sizes = [bucket.sizes.get(format_id, 0) for bucket in build.state.buckets]
     fresh = {i: blob for (fid, i), blob in build.blobs.items() if fid == format_id}
-    starts = previous.offsets(format_id) if previous is not None else []
+    starts = build.previous_starts(previous, format_id)
     return StagedFormat(format_id, tuple(bucket_pieces(format_id, sizes, fresh, starts, previous_key)), sum(sizes))
 
 
@@ -379,7 +404,7 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
             staged[PARQUET_FORMAT] = parquet_object(
                 [b.sizes.get(PARQUET_FORMAT, 0) for b in state.buckets], [b.footer for b in state.buckets],
                 {i: blob for (fid, i), blob in build.blobs.items() if fid == PARQUET_FORMAT},
-                [start + len(MAGIC) for start in previous.offsets(PARQUET_FORMAT)] if previous is not None else [],
+                [start + len(MAGIC) for start in build.previous_starts(previous, PARQUET_FORMAT)],
                 keys.get(PARQUET_FORMAT), snapshot_arrow_schema(table_schema), staging=pieces.staged,
                 uploads=pieces.current(len(state.buckets)) if targets is not None else None)
         state.save()

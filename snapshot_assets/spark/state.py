@@ -24,8 +24,10 @@ bucket files themselves (Arrow's filesystem), the driver only the marker, and th
 the marker are full URIs, so a cluster whose hosts share only S3 reads and writes the same state.
 
 Bucket bounds are fixed when a full build writes the state (sampled quantiles of sk, about
-`TARGET_BUCKET_BYTES` of jsonl per bucket) and kept by the incremental builds after it; a bucket that
-grows past `MAX_GROWTH` times the target makes the next build a full one, which re-balances.
+`TARGET_BUCKET_BYTES` of jsonl per bucket) and kept by the incremental builds after it, except that
+a bucket a re-base would grow past `MAX_GROWTH` times the target is cut into parts in the same
+re-base (bucket_split.py: an append-only table's last bucket). Should one outgrow it all the same
+(the target made smaller), the next build is a full one, which re-balances.
 """
 
 from __future__ import annotations
