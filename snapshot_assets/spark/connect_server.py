@@ -69,7 +69,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from snapshot_assets.spark.server_memory import HEAP_KEY, jvm_caps, memory_budget_mib, overhead_mib
+from snapshot_assets.spark.server_memory import (
+    HEAP_KEY,
+    ON_OUT_OF_MEMORY,
+    jvm_caps,
+    memory_budget_mib,
+    overhead_mib,
+)
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +282,7 @@ def server_command(port: int, conf: Mapping[str, str], master: str = "local[*]",
         settings.update({"spark.plugins": CONNECT_PLUGIN, ISOLATION: "false",
                          "spark.python.daemon.module": WORKER_DAEMON})
     # the caps that hold the JVM to heap + overhead (server_memory.py) first: options of the user's own win
-    options = [*jvm_caps(overhead_mib(settings)), settings.get(_JAVA_OPTIONS, ""), java_option]
+    options = [*jvm_caps(overhead_mib(settings)), ON_OUT_OF_MEMORY, settings.get(_JAVA_OPTIONS, ""), java_option]
     settings[_JAVA_OPTIONS] = " ".join(o for o in options if o)
     memory = settings.pop(HEAP_KEY, None)
     if memory:

@@ -30,7 +30,7 @@ from snapshot_assets.spark.connect_server import (
 )
 from snapshot_assets.spark.diff import build_diff
 from snapshot_assets.spark.effects import decode_row
-from snapshot_assets.spark.server_memory import jvm_caps, memory_budget_mib
+from snapshot_assets.spark.server_memory import ON_OUT_OF_MEMORY, jvm_caps, memory_budget_mib
 from snapshot_assets.spark.session import (
     CONNECT_MODE,
     LOCAL_DEFAULTS,
@@ -159,7 +159,7 @@ def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
         assert info is not None and info.pid > 0
         # The JVM is held to heap + overhead: -Xmx, and caps on the pools that grow with the work
         jvm = Path(f"/proc/{info.pid}/cmdline").read_bytes().split(b"\0")
-        assert b"-Xmx1g" in jvm and {c.encode() for c in jvm_caps(1024)} <= set(jvm)
+        assert b"-Xmx1g" in jvm and {c.encode() for c in (*jvm_caps(1024), ON_OUT_OF_MEMORY)} <= set(jvm)
         budget = memory_budget_mib({**LOCAL_DEFAULTS, **config.conf})
         assert budget == 2048 and peak_rss_kib(info.pid) <= budget * 1024
         warm.stop()
