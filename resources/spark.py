@@ -13,8 +13,9 @@ once per in-process run) and stopped at its teardown; a local Connect server kee
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
@@ -24,6 +25,10 @@ from pydantic import Field, PrivateAttr
 
 from snapshot_assets.config import SparkConfig
 from snapshot_assets.spark.connect_server import DEFAULT_STATE_DIR
+
+
+class SparkServerLost(RuntimeError):
+    """A run's Spark work failed because its local Spark Connect server ended."""
 
 
 class SparkResource(PySparkResource):
@@ -60,6 +65,19 @@ class SparkResource(PySparkResource):
     def mode(self) -> str:
         """How the session was obtained (connect, connect-local, classic, classic-local)."""
         return str(self._runtime.mode) if self._runtime is not None else ""
+
+    @contextlib.contextmanager
+    def watching_server(self, what: str) -> Iterator[None]:
+        """Run Spark work (`what` names it in the error) so that a failure caused by the local
+        server ending (killed, out of memory) is reported as that, naming the server's log, rather
+        than as the gRPC error the next call happened to get."""
+        try:
+            yield
+        except Exception as exc:
+            lost = self._runtime.server_lost() if self._runtime is not None else None
+            if lost is None:
+                raise
+            raise SparkServerLost(f"{what}: {lost}") from exc
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._runtime is not None:

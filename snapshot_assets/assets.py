@@ -109,7 +109,8 @@ def _build(context: dg.AssetExecutionContext, spark: SparkResource, destinations
     if nxt.to_position is None:
         raise dg.Failure(f"{pipe.name}: nothing has been ingested yet")
     started = time.monotonic()
-    built = pipe.build(spark.spark_session, nxt, label=label)
+    with spark.watching_server(f"{pipe.name}: {nxt.kind} to {nxt.to_position}"):
+        built = pipe.build(spark.spark_session, nxt, label=label)
     art = built.artifact
     metadata: dict[str, Any] = {
         "kind": art.kind,

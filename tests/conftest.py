@@ -56,6 +56,17 @@ def aws_test_credentials() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def no_connect_mode_left_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts with pyspark's connect mode off and leaves it off: a test that opens a
+    Connect session and stops it with pyspark's own `stop()` (not `SparkRuntime.stop`) leaves the
+    switch on, and a later test's classic session in the same worker then fails with
+    CONNECT_URL_NOT_SET (tests/spark/test_idle_stop.py before a Dagster run did)."""
+    from snapshot_assets.spark.session import CONNECT_MODE
+
+    monkeypatch.delenv(CONNECT_MODE, raising=False)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -33,7 +33,8 @@ def group_pipeline(name: str, destinations: DestinationsResource, sinks: EventSi
 def cut_group(context: dg.OpExecutionContext, config: GroupCutConfig, spark: SparkResource,
               destinations: DestinationsResource, event_sinks: EventSinksResource) -> dg.Output[str]:
     group = group_pipeline(config.group, destinations, event_sinks)
-    outcome = group.advance(spark.spark_session)
+    with spark.watching_server(f"group {config.group}: the cut"):
+        outcome = group.advance(spark.spark_session)
     for table, art in outcome.committed:  # the members' artifacts, as the table's own runs record them
         context.log.info(f"{config.group}: {table} {art.describe()}")
         context.log_event(dg.AssetMaterialization(

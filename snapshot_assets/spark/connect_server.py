@@ -579,6 +579,39 @@ def stop_local_connect_server(state_dir: Path | str = DEFAULT_STATE_DIR, *, time
         return running
 
 
+#: How much of the end of a server's log `server_lost` reads for the reason it ended.
+_LOG_TAIL_BYTES = 256 * 1024
+#: Log lines that say why a JVM ended, best first.
+_FATAL_MARKS = ("java.lang.OutOfMemoryError", "Terminating due to java.lang.OutOfMemoryError", "Exception in thread",
+                " ERROR ")
+
+
+def last_fatal_line(log_path: Path | str) -> str:
+    """The line near the end of a server's log that best says why it ended ("" when none does)."""
+    try:
+        with open(log_path, "rb") as log_file:
+            log_file.seek(max(0, os.fstat(log_file.fileno()).st_size - _LOG_TAIL_BYTES))
+            lines = log_file.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for mark in _FATAL_MARKS:
+        for line in reversed(lines):
+            if mark in line:
+                return line.strip()
+    return ""
+
+
+def server_lost(info: ServerInfo) -> str | None:
+    """Why a run's local server is gone (its process ended: killed, or out of memory with
+    `-XX:+ExitOnOutOfMemoryError`), for the run's error; None while it still runs. A run that loses
+    its server fails with this rather than with the gRPC error its next call happened to get."""
+    if _pid_is_server(info.pid):
+        return None
+    reason = last_fatal_line(info.log_path)
+    return (f"the local Spark Connect server (pid {info.pid}, port {info.port}) ended during the run"
+            f"{f': {reason}' if reason else ''}; its log is {info.log_path}. The next run starts a new server.")
+
+
 def local_server_info(state_dir: Path | str = DEFAULT_STATE_DIR) -> ServerInfo | None:
     """The recorded server if it is running and answering, else None (never starts one)."""
     state = Path(state_dir).absolute()

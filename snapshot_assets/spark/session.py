@@ -38,7 +38,9 @@ from snapshot_assets.config import SparkConfig
 from snapshot_assets.spark.connect_server import (
     DEFAULT_STATE_DIR,
     ConnectServerError,
+    ServerInfo,
     ensure_local_connect_server,
+    server_lost,
     stop_local_connect_server,
 )
 from snapshot_assets.spark.server_memory import DEFAULT_OVERHEAD
@@ -84,10 +86,16 @@ class SparkRuntime:
     #: process's running SparkContext (a host process's own, e.g. a notebook or a test session),
     #: which is not this runtime's to stop.
     owned: bool = True
+    server: ServerInfo | None = None  # the local server the session goes to (connect-local)
 
     @property
     def is_connect(self) -> bool:
         return self.mode in ("connect", "connect-local")
+
+    def server_lost(self) -> str | None:
+        """Why this runtime's local server is gone (`connect_server.server_lost`); None while it
+        runs, and for any other kind of session."""
+        return None if self.server is None else server_lost(self.server)
 
     def stop(self) -> None:
         """End this client's session (a local Connect server keeps running for the next run)."""
@@ -104,6 +112,7 @@ class SparkPlan:
     settings: dict[str, str]
     mode: Mode
     note: str
+    server: ServerInfo | None = None  # the local server the session goes to (connect-local)
 
     @property
     def ships_code(self) -> bool:
@@ -211,7 +220,7 @@ def plan_spark(config: SparkConfig, state_dir: Path | str = DEFAULT_STATE_DIR,
     except (ConnectServerError, OSError) as exc:
         return _fallback(config, app_name, f"local Spark Connect server unavailable ({exc})")
     note = f"{'started' if started_now else 'reused'} local server pid {info.pid} port {info.port}"
-    return SparkPlan({**_session_level(conf), "spark.remote": info.url}, "connect-local", note)
+    return SparkPlan({**_session_level(conf), "spark.remote": info.url}, "connect-local", note, info)
 
 
 def _local_server_conf(config: SparkConfig) -> dict[str, str]:
@@ -287,7 +296,12 @@ def open_spark(config: SparkConfig | None = None, *, state_dir: Path | str = DEF
         joined = _running_context()
         spark = make_session(plan.settings)
     runtime = SparkRuntime(spark, plan.mode, time.monotonic() - started, plan.note,
-                           owned=plan.mode.startswith("connect") or not joined)
+                           owned=plan.mode.startswith("connect") or not joined,
+                           server=plan.server if plan.mode == "connect-local" else None)
+    if runtime.server is not None:
+        from snapshot_assets.spark.server_retries import LocalServerRetries
+
+        spark.client.set_retry_policies([LocalServerRetries(runtime.server)])
     if ship_code and plan.ships_code:
         try:
             ship_project_code(spark, connect=plan.mode == "connect")
