@@ -43,7 +43,8 @@ from snapshot_assets.spark.state import (
 
 #: The size a bucket is measured by, here as in the full build's census: its jsonl bytes.
 SIZE_FORMAT = "jsonl"
-#: The SQL of one changed row's bytes in that measure (a deleted key's: none).
+#: The SQL of one row's bytes in that measure (its jsonl line; a deleted key's: none), for the full
+#: build's census and a re-base's growth alike.
 GROWN_SQL = "CASE WHEN row IS NULL THEN 0 ELSE octet_length(row) + 1 END"
 
 
@@ -53,6 +54,17 @@ class Growth:
 
     rows: int
     bytes: int
+
+
+def too_big(size: int, bucket_bytes: int) -> bool:
+    """Whether a bucket of `size` (SIZE_FORMAT bytes) is out of balance for a target of `bucket_bytes`."""
+    return size > MAX_GROWTH * bucket_bytes
+
+
+def out_of_balance(state: StateBase, bucket_bytes: int) -> bool:
+    """Whether any bucket of `state` is too big all the same (e.g. the target was made smaller):
+    the next build re-buckets the table."""
+    return any(too_big(b.sizes.get(SIZE_FORMAT, 0), bucket_bytes) for b in state.buckets)
 
 
 def overgrowing(state: StateBase, growth: Mapping[int, Growth], bucket_bytes: int) -> dict[int, int]:
@@ -66,7 +78,7 @@ def overgrowing(state: StateBase, growth: Mapping[int, Growth], bucket_bytes: in
         if not grown.bytes:
             continue
         bound = state.buckets[i].sizes.get(SIZE_FORMAT, 0) + grown.bytes
-        if bound > MAX_GROWTH * bucket_bytes:
+        if too_big(bound, bucket_bytes):
             parts[i] = max(2, math.ceil(bound / bucket_bytes))
     return parts
 
@@ -136,4 +148,4 @@ def split_buckets(spark: SparkSession, state: StateBase, changes: DataFrame, par
     return SplitPlan(tuple(new), rest.unionByName(merged), tuple(sorted(written)), tuple(origins))
 
 
-__all__ = ["GROWN_SQL", "Growth", "SplitPlan", "overgrowing", "split_buckets"]
+__all__ = ["GROWN_SQL", "Growth", "SplitPlan", "out_of_balance", "overgrowing", "split_buckets", "too_big"]

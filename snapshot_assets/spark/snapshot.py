@@ -51,7 +51,7 @@ from snapshot_assets.archive.key_index import block_bytes_for
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.bases import Base, BufferSnapshotBase, Census, LayeredBase, latest_images, with_cells
-from snapshot_assets.spark.bucket_split import GROWN_SQL, Growth, overgrowing, split_buckets
+from snapshot_assets.spark.bucket_split import GROWN_SQL, Growth, out_of_balance, overgrowing, split_buckets
 from snapshot_assets.spark.effects import materialize, window_partitions
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import (
@@ -100,15 +100,15 @@ class StateBuild:
     #: None when the bounds are the previous state's (bucket_split.py)
     origins: tuple[int | None, ...] | None = None
 
-    def previous_starts(self, previous: StateBase | None, format_id: str) -> list[int]:
+    def previous_starts(self, previous: StateBase | None, format_id: str) -> list[int | None]:
         """Where each of this state's buckets starts in the previous state's snapshot object of
-        `format_id` (a split bucket's parts: never read, as they are written fresh)."""
+        `format_id` (None: a split bucket's part, which is not in it and is always written fresh)."""
         if previous is None:
             return []
         starts = previous.offsets(format_id)
         if self.origins is None:
-            return starts
-        return [starts[o] if o is not None else -1 for o in self.origins]
+            return list(starts)
+        return [starts[o] if o is not None else None for o in self.origins]
 
 
 class _Pieces:
@@ -186,7 +186,7 @@ def _full(spark: SparkSession, table: DataFrame | None, fields: tuple[str, ...],
         encoded = copy.encoded(spark, fields, formats, schema)
     else:
         assert table is not None, "a full build reads a table or a copy"
-        stats = table.selectExpr("count(*) AS n", "coalesce(sum(octet_length(row) + 1), 0) AS b").collect()[0]
+        stats = table.selectExpr("count(*) AS n", f"coalesce(sum({GROWN_SQL}), 0) AS b").collect()[0]
         census = Census(int(stats["n"]), int(stats["b"]), table)
         encoded = encode_rows(table, fields, formats)
         if "parquet" in formats:  # the typed columns, once per row as it enters; the schema once per epoch
@@ -265,10 +265,6 @@ def _parquet_schema(formats: Sequence[str], schema: RowSchema | None) -> pa.Sche
     if "parquet" not in formats:
         return None
     return snapshot_arrow_schema(schema or RowSchema.of(()))
-
-
-def _out_of_balance(state: StateBase, bucket_bytes: int) -> bool:
-    return any(b.sizes.get("jsonl", 0) > MAX_GROWTH * bucket_bytes for b in state.buckets)
 
 
 # --- the artifact's pieces ---------------------------------------------------------------------------
@@ -404,7 +400,8 @@ def build_snapshot(spark: SparkSession, base: Base, segments: Sequence[SegmentRe
             staged[PARQUET_FORMAT] = parquet_object(
                 [b.sizes.get(PARQUET_FORMAT, 0) for b in state.buckets], [b.footer for b in state.buckets],
                 {i: blob for (fid, i), blob in build.blobs.items() if fid == PARQUET_FORMAT},
-                [start + len(MAGIC) for start in build.previous_starts(previous, PARQUET_FORMAT)],
+                [None if start is None else start + len(MAGIC)
+                 for start in build.previous_starts(previous, PARQUET_FORMAT)],
                 keys.get(PARQUET_FORMAT), snapshot_arrow_schema(table_schema), staging=pieces.staged,
                 uploads=pieces.current(len(state.buckets)) if targets is not None else None)
         state.save()
@@ -447,7 +444,7 @@ def _state_build(spark: SparkSession, base: Base, segments: Sequence[SegmentRef]
                 if schema is not None:
                     raise  # the source's own schema: a real misfit
                 log.info("snapshot at %s: a changed row does not fit the inferred columns; re-typing", to_position)
-    if build is not None and _out_of_balance(build.state, bucket_bytes):
+    if build is not None and out_of_balance(build.state, bucket_bytes):
         log.info("snapshot at %s: a bucket outgrew %d x its target; re-bucketing", to_position, MAX_GROWTH)
         build = _full(spark, build.state.frame(spark, fields), fields, fmts, pool, pieces, state_path, to_position,
                       bucket_bytes, build.state.schema)
