@@ -107,7 +107,7 @@ def _driver_piece(data: bytes, name: str, piece: int, staging: Path | None, uplo
 
 
 def parquet_object(sizes: Sequence[int], footers: Sequence[bytes | None], fresh: Mapping[int, Path | Sent],
-                   previous_starts: Sequence[int], previous_key: str | None, schema: pa.Schema, *,
+                   previous_starts: Sequence[int | None], previous_key: str | None, schema: pa.Schema, *,
                    staging: Path | None, uploads: Uploads | None) -> StagedFormat:
     """The snapshot's parquet object from the state's buckets (`sizes`: each one's body bytes,
     `footers`: its standalone file's footer, None when it is empty), the bodies this build wrote

@@ -197,11 +197,13 @@ class StagedFormat:
         return tuple(p for p in self.parts if isinstance(p, Path))
 
 
-def bucket_pieces(where: str, sizes: Sequence[int], fresh: Mapping[int, Path | Sent], starts: Sequence[int],
-                  previous_key: str | None, piece_of: Callable[[int], int] = int) -> list[Path | Reuse | Sent]:
+def bucket_pieces(where: str, sizes: Sequence[int], fresh: Mapping[int, Path | Sent],
+                  starts: Sequence[int | None], previous_key: str | None,
+                  piece_of: Callable[[int], int] = int) -> list[Path | Reuse | Sent]:
     """An object's pieces bucket by bucket (`sizes`: each bucket's bytes in it): the bucket's `fresh`
     piece when this build wrote one, else the range of the previous object (`previous_key`, where the
-    bucket's bytes start at `starts[i]`) that holds them; neighbouring ranges become one copy.
+    bucket's bytes start at `starts[i]`; None: the bucket is not in it) that holds them; neighbouring
+    ranges become one copy.
     `piece_of` numbers a bucket's piece among the object's (`where` names the object in an error)."""
     pieces: list[Path | Reuse | Sent] = []
     for i, size in enumerate(sizes):
@@ -211,13 +213,14 @@ def bucket_pieces(where: str, sizes: Sequence[int], fresh: Mapping[int, Path | S
         if blob is not None:
             pieces.append(blob)
             continue
-        if previous_key is None or i >= len(starts):
+        start = starts[i] if i < len(starts) else None
+        if previous_key is None or start is None:
             raise RuntimeError(f"bucket {i} of {where} has neither a fresh piece nor a previous object")
         last = pieces[-1] if pieces else None
-        if isinstance(last, Reuse) and last.start + last.length == starts[i]:
+        if isinstance(last, Reuse) and last.start + last.length == start:
             pieces[-1] = Reuse(previous_key, last.start, last.length + size, last.piece)
         else:
-            pieces.append(Reuse(previous_key, starts[i], size, piece_of(i)))
+            pieces.append(Reuse(previous_key, start, size, piece_of(i)))
     return pieces
 
 

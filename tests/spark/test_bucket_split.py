@@ -130,3 +130,16 @@ def test_a_split_on_s3_numbers_the_sent_and_copied_parts_by_the_new_buckets(spar
     dest = S3Destination(s3_bucket, endpoint_url=moto_server, path_style=True)
     first, second, _ = _chain(spark, tmp_path, dest, "t/", BYTE_FORMATS, sends=True)
     _assert_split(first.details["state"], second)
+
+
+def test_a_part_of_a_split_bucket_is_never_taken_from_the_previous_object(tmp_path: Path) -> None:
+    """A part has no range in the previous object (its start is None): without a fresh piece the
+    build fails rather than copying some other bytes."""
+    from snapshot_assets.spark.parts import bucket_pieces
+
+    fresh = tmp_path / "piece"
+    fresh.write_bytes(b"x" * 7)
+    pieces = bucket_pieces("jsonl", [5, 7, 3], {1: fresh}, [0, None, 5], "prev")
+    assert pieces == [Reuse("prev", 0, 5, 0), fresh, Reuse("prev", 5, 3, 2)]
+    with pytest.raises(RuntimeError, match="bucket 1 of jsonl has neither a fresh piece nor a previous object"):
+        bucket_pieces("jsonl", [5, 7, 3], {}, [0, None, 5], "prev")
