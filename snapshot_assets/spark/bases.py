@@ -55,6 +55,7 @@ from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.spark.copy_tasks import CopyFile, SortedRuns, encode_copy
 from snapshot_assets.spark.copy_tasks import census as copy_census
 from snapshot_assets.spark.copy_tasks import sorted_runs as copy_runs
+from snapshot_assets.spark.diff_records import RECORD_COLUMNS, encode_net, record_formats
 from snapshot_assets.spark.effects import (
     NET_COLUMNS,
     NET_DDL,
@@ -72,7 +73,7 @@ from snapshot_assets.spark.parquet_artifact import (
     typed_columns,
 )
 from snapshot_assets.spark.remote_io import input_file, is_s3
-from snapshot_assets.spark.state import StateBase, bounds_of, encode_net, sample_bounds
+from snapshot_assets.spark.state import StateBase, bounds_of, sample_bounds
 from snapshot_assets.spark.typed_copies import CopyTyper
 
 __all__ = ["ArtifactBase", "Base", "BufferSnapshotBase", "DeltaSet", "EmptyBase", "FrameBase", "LayeredBase",
@@ -147,6 +148,8 @@ class DeltaSet:
     #: The row schema the new images' typed columns (TYPED_COLUMN) were made for, when the diff made
     #: them (the state has parquet): the next snapshot merges those cells instead of typing the rows.
     schema: RowSchema | None = None
+    #: The diff formats whose record of each change the delta holds (`diff_records.RECORD_COLUMNS`).
+    records: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, path: Path | str | Location, s3: S3Connection | None = None) -> DeltaSet | None:
@@ -159,13 +162,22 @@ class DeltaSet:
                 return None
             typed = meta.get("schema")
             return cls(where.uri, str(meta["from_position"]), str(meta["to_position"]), bool(meta["truncated"]),
-                       tuple(meta.get("encoded", ())), where.s3, RowSchema.from_json(typed) if typed else None)
+                       tuple(meta.get("encoded", ())), where.s3, RowSchema.from_json(typed) if typed else None,
+                       tuple(meta.get("records", ())))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def frame(self, spark: SparkSession) -> DataFrame:
         """The net changes (NET_DDL; `ver` null in a delta written before versions were kept)."""
         return read_dataset(spark, Location.of(self.path, self.s3), NET_DDL)
+
+    def record_frame(self, spark: SparkSession, formats: Sequence[str]) -> DataFrame:
+        """(key, ver, then each of `formats`' record column): what the diff's pieces are made of."""
+        missing = [f for f in formats if f not in self.records]
+        if missing:
+            raise ValueError(f"the delta at {self.path} holds no {', '.join(missing)} records of its changes")
+        return read_dataset(spark, Location.of(self.path, self.s3)).select(
+            "key", "ver", *(RECORD_COLUMNS[f] for f in formats))
 
     def images(self, spark: SparkSession) -> DataFrame:
         """Each touched key's new image as a state layer (STATE_DDL; row null: deleted)."""
@@ -207,15 +219,16 @@ def _publish(frame: DataFrame, target: Path) -> None:
 
 def write_delta(net: DataFrame, delta_dir: Path | str | Location, from_position: str, to_position: str,
                 truncated: bool, key_fields: Sequence[str], formats: Sequence[str] = (),
-                schema: RowSchema | None = None) -> DeltaSet:
+                schema: RowSchema | None = None, diff_formats: Sequence[str] = ()) -> DeltaSet:
     """Write a diff's net changes as the state's step from `from_position` to `to_position`, with
-    their new images encoded for the state's `formats` (`state.encode_net`) when any are given, and
+    their new images encoded for the state's `formats` and each change's record in the diff's
+    record formats of `diff_formats` (`diff_records.encode_net`, one pass) when any are given, and
     typed for `schema` (TYPED_COLUMN: the rows enter the archive here, so they are typed here once,
     for the parquet diff and the next snapshot alike; a misfit raises SchemaMisfit) when given.
     `delta_dir` is a local folder or an S3 location (written by the tasks, the marker by the driver)."""
     target = Location.of(delta_dir)
-    encoded = tuple(formats)
-    frame = encode_net(net, key_fields, encoded) if encoded else net
+    encoded, records = tuple(formats), record_formats(diff_formats)
+    frame = encode_net(net, key_fields, encoded, records) if encoded or records else net
     if schema is not None:
         frame = typed_columns(frame, schema, text="new")
     with refusing_misfits():
@@ -224,10 +237,10 @@ def write_delta(net: DataFrame, delta_dir: Path | str | Location, from_position:
         else:
             _publish(frame, target.path)
     marker = {"from_position": from_position, "to_position": to_position, "truncated": truncated,
-              "key_fields": list(key_fields), "encoded": list(encoded), "version": 1,
+              "key_fields": list(key_fields), "encoded": list(encoded), "records": list(records), "version": 1,
               "schema": schema.to_json() if schema is not None else None}
     target.write_json(DELTA_MARKER, marker)
-    return DeltaSet(target.uri, from_position, to_position, truncated, encoded, target.s3, schema)
+    return DeltaSet(target.uri, from_position, to_position, truncated, encoded, target.s3, schema, records)
 
 
 def with_cells(frame: DataFrame, schema: RowSchema | None) -> DataFrame:

@@ -7,9 +7,10 @@ What runs where:
   tasks   read the segment files (seq-filtered), explode changes into key effects, complete their
           images against the base (`images`: unchanged TOASTed values, before-images), fold each
           key after the shuffle by key (`window.net_window`), write the net changes once as the
-          state's delta for this step (`bases.DeltaSet`), and encode the parts from it in key
-          order, and the keys' versions beside them, in one pass (`versions.encode_diff`):
-          the net changes never leave the executors. With
+          state's delta for this step (`bases.DeltaSet`), each with its new image's state bytes
+          and its records in the diff's formats, encoded in one pass (`diff_records`), and join
+          those records in key order into the parts, with the keys' versions beside them
+          (`diff_pieces.encode_diff`): the net changes never leave the executors. With
           `targets` each task sends its parts straight into the destinations (pieces.py), so a
           cluster whose hosts share only S3 builds the same objects as a local runtime.
 
@@ -37,6 +38,7 @@ from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.row_schema import RowSchema
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.bases import Base, write_delta
+from snapshot_assets.spark.diff_pieces import encode_diff
 from snapshot_assets.spark.effects import window_partitions
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import infer_row_schema, write_diff
@@ -48,7 +50,6 @@ from snapshot_assets.spark.parts import (
     prepare_staging,
 )
 from snapshot_assets.spark.pieces import Targets, Uploads
-from snapshot_assets.spark.versions import encode_diff
 from snapshot_assets.spark.window import net_window
 
 log = logging.getLogger(__name__)
@@ -123,10 +124,9 @@ def _build(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_p
     # column fails the build that writes parquet, as it always did).
     cells = schema if schema is not None and "parquet" in fmts else None
     delta = write_delta(window.net, delta_dir, from_position, to_position, window.truncated, fields, state_formats,
-                        cells)
-    ordered = delta.frame(spark).repartitionByRange(width, "key").sortWithinPartitions("key")
-    reports, versions_object = encode_diff(ordered, local, encoded, fields, first_part=TRUNCATE_PART + 1,
-                                           uploads=uploads,
+                        cells, diff_formats=encoded)
+    ordered = delta.record_frame(spark, encoded).repartitionByRange(width, "key").sortWithinPartitions("key")
+    reports, versions_object = encode_diff(ordered, local, encoded, first_part=TRUNCATE_PART + 1, uploads=uploads,
                                            truncate=(window.truncate_version or "") if window.truncated else None)
     if window.truncated and encoded:
         sink = PartSink(local, encoded, TRUNCATE_PART, "diff", fields, uploads)

@@ -70,16 +70,12 @@ class PartSink:
             make = fmt.snapshot_writer if self._kind == "snapshot" else fmt.diff_writer
             self._open.append((fmt, piece, make(piece.stream, self._key_fields)))
 
-    def write(self, item: Row | Change, texts: tuple[str | None, str | None] | None = None) -> None:
-        """Encode one row or change in every format; `texts`: a change's old and new images as the
-        Go-JSON they were decoded from, which a writer that can splice them uses (jsonl)."""
+    def write(self, item: Row | Change) -> None:
+        """Encode one row or change in every format."""
         if not self._open:
             self._start()
         for _fmt, _piece, writer in self._open:
-            if texts is not None and isinstance(item, Change):
-                writer.write_encoded(item, *texts)
-            else:
-                writer.write(item)
+            writer.write(item)
         self.count += 1
 
     def close(self) -> list[tuple[str, int, str, int, int]]:
@@ -158,14 +154,6 @@ def encode_snapshot_parts(state: DataFrame, staging_dir: Path | str | Location, 
 
 
 # --- net changes -> diff parts --------------------------------------------------------------------
-
-
-def batch_changes(batch: Any) -> Iterator[tuple[Change, tuple[str | None, str | None]]]:
-    """The net changes (NET_DDL columns action, change_key, old, new) of one Arrow batch, each with
-    the Go-JSON texts of its old and new images (`PartSink.write`'s `texts`)."""
-    columns = [batch.column(name).to_pylist() for name in ("action", "change_key", "old", "new")]
-    for action, key, old, new in zip(*columns, strict=True):
-        yield Change(Change.parse_action(action), key, decode_row(old), decode_row(new)), (old, new)
 
 
 # --- the driver's view ------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ from snapshot_assets.archive.sortkey import sort_keys
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.config import DEFAULT_BUCKET_BYTES
 from snapshot_assets.spark import bucket_merge
-from snapshot_assets.spark.effects import NET_DDL, STATE_ARROW, decode_row
+from snapshot_assets.spark.effects import STATE_ARROW, decode_row
 from snapshot_assets.spark.locations import Location
 from snapshot_assets.spark.parquet_artifact import PARQUET_FORMAT, refusing_misfits
 from snapshot_assets.spark.parquet_pieces import BucketParquet, piece_writer
@@ -125,9 +125,11 @@ def _records(texts: pa.Array, known: pa.Array | None, key_fields: tuple[str, ...
     return pc.replace_with_mask(known, missing, pa.array(encoded, pa.binary()))
 
 
-def _encoded(batch: pa.RecordBatch, key_fields: tuple[str, ...], protobuf: bool, text_column: str) -> pa.RecordBatch:
-    """`batch` (its `pb` column, when it has one, replaced) with each row's sort key `sk` and
-    protobuf record `pb` (null unless `protobuf`), from its key JSON and Go-JSON text `text_column`."""
+def encoded_rows(batch: pa.RecordBatch, key_fields: tuple[str, ...], pbs: pa.Array | None,
+                 text_column: str) -> pa.RecordBatch:
+    """`batch` (its `pb` column, when it has one, replaced) with each row's sort key `sk` (from its
+    key JSON) and protobuf record `pb` (`pbs`; None: null), once its Go-JSON text `text_column` is
+    known to fit a jsonl line."""
     texts = batch.column(text_column)
     too_long = pc.greater_equal(pc.binary_length(texts), MAX_LINE_BYTES).fill_null(False)
     if pc.any(too_long).as_py():
@@ -135,10 +137,17 @@ def _encoded(batch: pa.RecordBatch, key_fields: tuple[str, ...], protobuf: bool,
         raise EncodeError(f"encoded line is over {MAX_LINE_BYTES} bytes (16 MiB), laredo's jsonl limit",
                           row_key=row_key(decode_row(text), key_fields))
     sks = sort_keys(batch.column("key"))
-    known = batch.column("pb") if "pb" in batch.schema.names else None
-    pbs = _records(texts, known, key_fields) if protobuf else pa.nulls(batch.num_rows, pa.binary())
     kept = [name for name in batch.schema.names if name != "pb"]
+    pbs = pa.nulls(batch.num_rows, pa.binary()) if pbs is None else pbs
     return pa.RecordBatch.from_arrays([*(batch.column(name) for name in kept), sks, pbs], names=[*kept, "sk", "pb"])
+
+
+def _encoded(batch: pa.RecordBatch, key_fields: tuple[str, ...], protobuf: bool, text_column: str) -> pa.RecordBatch:
+    """`encoded_rows` with the protobuf record of each row (null unless `protobuf`): the one it
+    carries, else encoded here."""
+    known = batch.column("pb") if "pb" in batch.schema.names else None
+    pbs = _records(batch.column(text_column), known, key_fields) if protobuf else None
+    return encoded_rows(batch, key_fields, pbs, text_column)
 
 
 def _encode_batches(batches: Iterable[Any], key_fields: tuple[str, ...], protobuf: bool,
@@ -177,15 +186,6 @@ def copy_batches(batches: Iterable[Any], key_fields: tuple[str, ...], protobuf: 
             columns.append(read.column(TYPED_COLUMN))
         yield pa.RecordBatch.from_arrays(columns, names=["key", "sk", "row", "pb", "ver",
                                                          *([TYPED_COLUMN] if typer is not None else [])])
-
-
-def encode_net(net: DataFrame, key_fields: Sequence[str], formats: Sequence[str]) -> DataFrame:
-    """Net changes (NET_DDL) with the sort key and protobuf record of their new image: a diff encodes
-    the rows it brings into the archive once, and the next snapshot merges those bytes."""
-    func = functools.partial(_encode_batches, key_fields=tuple(key_fields), protobuf="protobuf" in formats,
-                             text_column="new")
-    return net.select("key", "action", "change_key", "old", "new", "ver") \
-        .mapInArrow(func, f"{NET_DDL}, sk BINARY, pb BINARY")
 
 
 def _sample_batches(batches: Iterable[Any]) -> Iterator[Any]:

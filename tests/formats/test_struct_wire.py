@@ -116,3 +116,18 @@ def test_what_the_runtime_refuses_is_refused_naming_column_and_row(bad: Any) -> 
         fill_row(SnapshotRow().row, {"a": 1, "col": {"nested": bad}}, lambda: row_key({"a": 1}, ("a",)))
     assert str(ours.value) == str(theirs.value)
     assert "col" in str(ours.value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([Action.INSERT, Action.UPDATE]), _TEXT, _IMAGES, _ROWS)
+def test_a_change_given_its_new_images_snapshot_record_is_the_same_record(action: Action, key: str, old: Any,
+                                                                        new: dict[str, Any]) -> None:
+    """The DiffChange's `new` reuses the SnapshotRow's Struct (diff_records.py encodes it once)."""
+    change = Change(action, key, old, new)
+    assert diff_record(change, ("id",), snapshot_record(new, ("id",))) == diff_record(change, ("id",))
+
+
+def test_a_new_image_with_lone_surrogates_reuses_the_runtimes_record() -> None:
+    new = {"a" + chr(0xD800): "x", "a" + chr(0xDBFF): [1]}
+    change = Change(Action.UPDATE, "k", {"id": 1}, new)
+    assert diff_record(change, ("id",), snapshot_record(new, ("id",))) == diff_record(change, ("id",))

@@ -28,11 +28,6 @@ class DiffWriter(Protocol):
 
     def write(self, change: Change) -> None: ...
 
-    def write_encoded(self, change: Change, old_text: str | None, new_text: str | None) -> None:
-        """`write`, given the Go-JSON texts the images were decoded from (None: not at hand), which
-        a writer whose format embeds that text (jsonl) splices instead of encoding it again."""
-        ...
-
     def close(self) -> None: ...
 
 

@@ -58,6 +58,25 @@ class JsonlSnapshotWriter:
         self._out.flush()
 
 
+def diff_line(change: Change, key_fields: Sequence[str], old_text: str | None = None,
+              new_text: str | None = None) -> bytes:
+    """One change's line in a jsonl diff, newline included. `old_text`/`new_text`: the Go-JSON
+    texts the images were decoded from (None: encode the image here). Images travel through the
+    archive as such texts (`gojson.encode_row`'s, the state's and the buffer's), so a diff's line
+    splices them instead of encoding each image again."""
+    def key() -> str:
+        return change.key
+
+    members = []
+    if change.old:
+        members.append(("old", old_text if old_text is not None else gojson.encode_row(change.old, key)))
+    if change.new:
+        members.append(("new", new_text if new_text is not None else gojson.encode_row(change.new, key)))
+    text = written_key(change, key_fields, go_json_value)
+    members += [("action", gojson.quote(change.action.value)), ("key", gojson.quote(text))]
+    return _encode_line(gojson.encode_object(members), lambda: text)
+
+
 class JsonlDiffWriter:
     """Writes each change as one line, in the order given (readers apply them in file order).
 
@@ -71,23 +90,7 @@ class JsonlDiffWriter:
         self._key_fields = tuple(key_fields)
 
     def write(self, change: Change) -> None:
-        self.write_encoded(change, None, None)
-
-    def write_encoded(self, change: Change, old_text: str | None, new_text: str | None) -> None:
-        """`write`, given the Go-JSON texts the images were decoded from (None: encode the image
-        here). Images travel through the archive as such texts (`gojson.encode_row`'s, the state's
-        and the buffer's), so a diff's line splices them instead of encoding each image again."""
-        def key() -> str:
-            return change.key
-
-        members = []
-        if change.old:
-            members.append(("old", old_text if old_text is not None else gojson.encode_row(change.old, key)))
-        if change.new:
-            members.append(("new", new_text if new_text is not None else gojson.encode_row(change.new, key)))
-        text = written_key(change, self._key_fields, go_json_value)
-        members += [("action", gojson.quote(change.action.value)), ("key", gojson.quote(text))]
-        self._out.write(_encode_line(gojson.encode_object(members), lambda: text))
+        self._out.write(diff_line(change, self._key_fields))
 
     def close(self) -> None:
         self._out.flush()

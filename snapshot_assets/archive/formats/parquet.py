@@ -399,10 +399,6 @@ class ParquetDiffWriter:
         self._plan = _Plan()
         self._spool = _Spool()
 
-    def write_encoded(self, change: Change, old_text: str | None, new_text: str | None) -> None:
-        """`write`: this format does not embed the images' Go-JSON, so the texts are not used."""
-        self.write(change)
-
     def write(self, change: Change) -> None:
         old, new = as_row(change.old), as_row(change.new)
         text = written_key(change, self._key_fields, typed_value)

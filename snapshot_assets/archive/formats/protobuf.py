@@ -301,19 +301,38 @@ def _diff_message(change: Change, key: str) -> bytes:
     return message.SerializeToString(deterministic=True)
 
 
-def diff_record(change: Change, key_fields: Sequence[str]) -> bytes:
+def diff_record(change: Change, key_fields: Sequence[str], new_record: bytes | None = None) -> bytes:
     """One change's record in a protobuf diff: the delimited DiffChange (fields in number order;
-    proto3 leaves out an empty action or key, and an image that is absent or empty)."""
+    proto3 leaves out an empty action or key, and an image that is absent or empty).
+
+    `new_record`: the `snapshot_record` of the change's new image, when the caller made it (a diff's
+    new image enters the state with it): a SnapshotRow is field 1 holding the Struct, and the
+    DiffChange's `new` is field 4 holding the same Struct, so its bytes are reused, not encoded again.
+    """
     key = gojson.valid_text(written_key(change, key_fields, go_struct_value))
     try:
         data = b"".join((
             struct_wire.field(1, struct_wire.encode_text(change.action.value)) if change.action.value else b"",
             struct_wire.field(2, struct_wire.encode_text(key)) if key else b"",
             struct_wire.field(3, struct_wire.row_struct(change.old, lambda: change.key)) if change.old else b"",
-            struct_wire.field(4, struct_wire.row_struct(change.new, lambda: change.key)) if change.new else b""))
+            (_as_field(new_record, _NEW_TAG) if new_record is not None else
+             struct_wire.field(4, struct_wire.row_struct(change.new, lambda: change.key))) if change.new else b""))
     except struct_wire.NotPlain:
         data = _diff_message(change, key)
     return _varint(len(data)) + data
+
+
+_ROW_TAG, _NEW_TAG = 0x0A, 0x22  # SnapshotRow.row (field 1), DiffChange.new (field 4): both length-delimited
+
+
+def _as_field(record: bytes, tag: int) -> bytes:
+    """The Struct a delimited SnapshotRow holds, as field `tag` of another message (same payload)."""
+    start = 0
+    while record[start] & 0x80:  # the record's own length prefix
+        start += 1
+    if record[start + 1] != _ROW_TAG:
+        raise ValueError("not a delimited SnapshotRow")
+    return bytes((tag,)) + record[start + 2:]
 
 
 class ProtobufDiffWriter:
@@ -328,10 +347,6 @@ class ProtobufDiffWriter:
     def __init__(self, out: BinaryIO, key_fields: Sequence[str]) -> None:
         self._out = out
         self._key_fields = tuple(key_fields)
-
-    def write_encoded(self, change: Change, old_text: str | None, new_text: str | None) -> None:
-        """`write`: this format does not embed the images' Go-JSON, so the texts are not used."""
-        self.write(change)
 
     def write(self, change: Change) -> None:
         self._out.write(diff_record(change, self._key_fields))

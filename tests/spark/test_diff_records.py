@@ -1,0 +1,101 @@
+"""A diff's net changes encoded in one pass (diff_records.py) are the single-process writers' bytes.
+
+The oracle is the formats' own writers (`JsonlDiffWriter`, `ProtobufDiffWriter`) and
+`snapshot_record`, fed the changes decoded from the same Go-JSON texts the pass reads; generated
+changes cover inserts, updates and deletes, empty and key-only images, keys past 2^53, composite
+keys, strings Go escapes and nested values. No Spark: the pass is the function each task runs.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from snapshot_assets.archive import gojson
+from snapshot_assets.archive.changes import Action, Change
+from snapshot_assets.archive.errors import EncodeError
+from snapshot_assets.archive.formats import get_format
+from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
+from snapshot_assets.archive.formats.protobuf import snapshot_record
+from snapshot_assets.archive.keys import key_json, laredo_row_key, typed_key
+from snapshot_assets.spark.diff_records import RECORD_COLUMNS, _encode, record_formats
+from snapshot_assets.spark.effects import decode_row
+
+KEY = ("tenant", "id")
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=6)
+_SCALARS = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | _TEXT
+            | st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(["<&>", "a\u2028b", '"q"']))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=2),
+                       max_leaves=5)
+_KEYS = st.tuples(_TEXT.filter(bool), st.integers(-(2**64), 2**64))
+
+
+@st.composite
+def _changes(draw: Any) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None, tuple[str, int]]:
+    tenant, ident = draw(_KEYS)
+    action = draw(st.sampled_from(["INSERT", "UPDATE", "DELETE"]))
+
+    def row() -> dict[str, Any]:
+        return {"tenant": tenant, "id": ident, **draw(st.dictionaries(_TEXT.filter(lambda t: t not in KEY), _VALUES,
+                                                                      max_size=4))}
+
+    old = None if action == "INSERT" else draw(st.sampled_from(["row", "key-only", "empty"]))
+    old_image = {"row": row, "key-only": lambda: {"tenant": tenant, "id": ident}, "empty": dict}[old]() if old else None
+    new_image = None if action == "DELETE" else row()
+    return action, old_image, new_image, (tenant, ident)
+
+
+def _batch(changes: list[Any]) -> pa.RecordBatch:
+    def text(image: dict[str, Any] | None) -> str | None:
+        return None if image is None else gojson.encode_row(image, lambda: "k")
+
+    rows = [(key_json(typed_key(dict(zip(KEY, k, strict=True)), KEY)), action,
+             laredo_row_key(new if new is not None else old or dict(zip(KEY, k, strict=True)), KEY),
+             text(old), text(new), "0/1\t\tC") for action, old, new, k in changes]
+    names = ("key", "action", "change_key", "old", "new", "ver")
+    return pa.RecordBatch.from_arrays([pa.array(c, pa.string()) for c in zip(*rows, strict=True)], names=names)
+
+
+def _written(format_id: str, changes: list[Change]) -> bytes:
+    out = io.BytesIO()
+    writer = get_format(format_id).diff_writer(out, KEY)
+    for change in changes:
+        writer.write(change)
+    writer.close()
+    return out.getvalue()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_changes(), min_size=1, max_size=8))
+def test_the_pass_writes_what_the_writers_write(changes: list[Any]) -> None:
+    batch = _batch(changes)
+    out = _encode(batch, KEY, True, ("jsonl", "protobuf"))
+    decoded = [Change(Change.parse_action(a), k, decode_row(o), decode_row(n)) for a, k, o, n in zip(
+        *(batch.column(c).to_pylist() for c in ("action", "change_key", "old", "new")), strict=True)]
+    for fid in ("jsonl", "protobuf"):
+        assert b"".join(out.column(RECORD_COLUMNS[fid]).to_pylist()) == _written(fid, decoded)
+    assert out.column("pb").to_pylist() == [None if c.new is None else snapshot_record(c.new, KEY) for c in decoded]
+    assert out.schema.names == [*batch.schema.names, "sk", "pb", "dj", "dpb"]
+
+
+def test_only_the_asked_records_are_made() -> None:
+    batch = _batch([("UPDATE", {"tenant": "a", "id": 2**60 + 1, "v": 1}, {"tenant": "a", "id": 2**60 + 1, "v": 2},
+                     ("a", 2**60 + 1))])
+    out = _encode(batch, KEY, False, ("jsonl",))
+    assert out.schema.names == [*batch.schema.names, "sk", "pb", "dj"]
+    assert out.column("pb").null_count == 1
+    assert out.column("dj").to_pylist() == [_written("jsonl", [Change(Action.UPDATE, "", *(
+        decode_row(batch.column(c)[0].as_py()) for c in ("old", "new")))])]
+    assert record_formats(["parquet", "protobuf", "jsonl"]) == ("protobuf", "jsonl")
+
+
+def test_an_over_long_new_image_is_refused_naming_its_row() -> None:
+    big = {"tenant": "t", "id": 7, "blob": "x" * MAX_LINE_BYTES}
+    with pytest.raises(EncodeError, match="16 MiB") as caught:
+        _encode(_batch([("INSERT", None, big, ("t", 7))]), KEY, True, ("jsonl", "protobuf"))
+    assert "[t 7]" in str(caught.value)
