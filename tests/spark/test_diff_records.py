@@ -20,7 +20,7 @@ from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Action, Change
 from snapshot_assets.archive.errors import EncodeError
 from snapshot_assets.archive.formats import get_format
-from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
+from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES, diff_line
 from snapshot_assets.archive.formats.protobuf import snapshot_record
 from snapshot_assets.archive.keys import key_json, laredo_row_key, typed_key
 from snapshot_assets.spark.diff_records import RECORD_COLUMNS, _encode, record_formats
@@ -77,10 +77,24 @@ def test_the_pass_writes_what_the_writers_write(changes: list[Any]) -> None:
     out = _encode(batch, KEY, True, ("jsonl", "protobuf"))
     decoded = [Change(Change.parse_action(a), k, decode_row(o), decode_row(n)) for a, k, o, n in zip(
         *(batch.column(c).to_pylist() for c in ("action", "change_key", "old", "new")), strict=True)]
-    for fid in ("jsonl", "protobuf"):
-        assert b"".join(out.column(RECORD_COLUMNS[fid]).to_pylist()) == _written(fid, decoded)
+    # jsonl splices the images' texts (Go's `-0` stays `-0`, which a decoded row would lose).
+    texts = zip(batch.column("old").to_pylist(), batch.column("new").to_pylist(), strict=True)
+    assert out.column(RECORD_COLUMNS["jsonl"]).to_pylist() == [diff_line(c, KEY, *t) for c, t in zip(decoded, texts,
+                                                                                                      strict=True)]
+    if not any("-0" in (t or "") for t in batch.column("new").to_pylist() + batch.column("old").to_pylist()):
+        assert b"".join(out.column(RECORD_COLUMNS["jsonl"]).to_pylist()) == _written("jsonl", decoded)
+    assert b"".join(out.column(RECORD_COLUMNS["protobuf"]).to_pylist()) == _written("protobuf", decoded)
     assert out.column("pb").to_pylist() == [None if c.new is None else snapshot_record(c.new, KEY) for c in decoded]
     assert out.schema.names == [*batch.schema.names, "sk", "pb", "dj", "dpb"]
+
+
+def test_a_key_past_2_53_is_a_double_in_jsonl_and_its_digits_in_protobuf() -> None:
+    """The two formats' keys differ for a snowflake id: the protobuf key is not the jsonl key reused."""
+    ident = 2**62 + 7
+    change = ("UPDATE", {"tenant": "x", "id": ident, "v": 1}, {"tenant": "x", "id": ident, "v": 2}, ("x", ident))
+    out = _encode(_batch([change]), KEY, True, ("jsonl", "protobuf"))
+    assert b'"key":"[x 4.611686018427388e+18]"' in out.column("dj")[0].as_py()
+    assert f"[x {ident}]".encode() in out.column("dpb")[0].as_py()
 
 
 def test_only_the_asked_records_are_made() -> None:

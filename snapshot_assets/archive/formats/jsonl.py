@@ -59,11 +59,12 @@ class JsonlSnapshotWriter:
 
 
 def diff_line(change: Change, key_fields: Sequence[str], old_text: str | None = None,
-              new_text: str | None = None) -> bytes:
+              new_text: str | None = None, written: str | None = None) -> bytes:
     """One change's line in a jsonl diff, newline included. `old_text`/`new_text`: the Go-JSON
     texts the images were decoded from (None: encode the image here). Images travel through the
     archive as such texts (`gojson.encode_row`'s, the state's and the buffer's), so a diff's line
-    splices them instead of encoding each image again."""
+    splices them instead of encoding each image again. `written`: the line's key (`written_key` with
+    `go_json_value`) when the caller computed it."""
     def key() -> str:
         return change.key
 
@@ -72,7 +73,7 @@ def diff_line(change: Change, key_fields: Sequence[str], old_text: str | None = 
         members.append(("old", old_text if old_text is not None else gojson.encode_row(change.old, key)))
     if change.new:
         members.append(("new", new_text if new_text is not None else gojson.encode_row(change.new, key)))
-    text = written_key(change, key_fields, go_json_value)
+    text = written_key(change, key_fields, go_json_value) if written is None else written
     members += [("action", gojson.quote(change.action.value)), ("key", gojson.quote(text))]
     return _encode_line(gojson.encode_object(members), lambda: text)
 

@@ -301,15 +301,17 @@ def _diff_message(change: Change, key: str) -> bytes:
     return message.SerializeToString(deterministic=True)
 
 
-def diff_record(change: Change, key_fields: Sequence[str], new_record: bytes | None = None) -> bytes:
+def diff_record(change: Change, key_fields: Sequence[str], new_record: bytes | None = None,
+                key: str | None = None) -> bytes:
     """One change's record in a protobuf diff: the delimited DiffChange (fields in number order;
     proto3 leaves out an empty action or key, and an image that is absent or empty).
 
     `new_record`: the `snapshot_record` of the change's new image, when the caller made it (a diff's
     new image enters the state with it): a SnapshotRow is field 1 holding the Struct, and the
     DiffChange's `new` is field 4 holding the same Struct, so its bytes are reused, not encoded again.
+    `key`: the record's key (`written_key` with `go_struct_value`) when the caller computed it.
     """
-    key = gojson.valid_text(written_key(change, key_fields, go_struct_value))
+    key = gojson.valid_text(written_key(change, key_fields, go_struct_value) if key is None else key)
     try:
         data = b"".join((
             struct_wire.field(1, struct_wire.encode_text(change.action.value)) if change.action.value else b"",
