@@ -70,8 +70,8 @@ def _encode(batch: pa.RecordBatch, key_fields: tuple[str, ...], state_protobuf: 
     lines: list[bytes] = []
     diff_pbs: list[bytes] = []
     if state_protobuf or records:
-        columns = [batch.column(name).to_pylist() for name in ("action", "change_key", "old", "new")]
-        for action, key, old, new in zip(*columns, strict=True):
+        columns = [batch.column(name).to_pylist() for name in ("action", "change_key", "old", "new", "old_pb")]
+        for action, key, old, new, old_record in zip(*columns, strict=True):
             change = Change(Change.parse_action(action), key, decode_row(old), decode_row(new))
             new_record = None
             if change.new is not None and (state_protobuf or protobuf):
@@ -82,7 +82,8 @@ def _encode(batch: pa.RecordBatch, key_fields: tuple[str, ...], state_protobuf: 
             if jsonl:
                 lines.append(diff_line(change, key_fields, old, new, json_key))
             if protobuf:
-                diff_pbs.append(diff_record(change, key_fields, new_record, struct_key(change, key_fields, json_key)))
+                diff_pbs.append(diff_record(change, key_fields, new_record, struct_key(change, key_fields, json_key),
+                                            old_record))
     if state_protobuf:
         index = out.schema.get_field_index("pb")
         out = out.set_column(index, out.schema.field(index), pa.array(state_pbs, pa.binary()))

@@ -73,8 +73,10 @@ EFFECT_ARROW = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("existed",
                           ("link", pa.string())])
 EFFECT_DDL = ddl_of(EFFECT_ARROW)
 EFFECT_COLUMNS = tuple(EFFECT_ARROW.names)
-# `ver`: the version of the key's last change (archive/versions.py), null where unknown.
-NET_DDL = "key STRING, action STRING, change_key STRING, old STRING, new STRING, ver STRING"
+# `ver`: the version of the key's last change (archive/versions.py), null where unknown. `old_pb`:
+# the protobuf SnapshotRow of `old` when `old` is a row of the base that kept one (the diff's record
+# reuses its Struct, diff_records.py), else null.
+NET_DDL = "key STRING, action STRING, change_key STRING, old STRING, new STRING, ver STRING, old_pb BINARY"
 NET_COLUMNS = tuple(c.split()[0] for c in NET_DDL.split(","))
 #: A table state: each key's row (Go-JSON), its version, and its protobuf snapshot record when the row
 #: was encoded as it entered (a copied row, a state's stored row), else null (`state.encode_rows`
@@ -356,7 +358,16 @@ def _named_batches(batches: Iterable[Any], key_fields: tuple[str, ...]) -> Itera
             named = KeyNet.start(effect, truncated=False, key_fields=key_fields).delete_old
             old.append(None if named is None else encode_row(named, key_fields))
         index = batch.schema.get_field_index("before")
-        yield batch.set_column(index, batch.schema.field(index), pa.array(old, batch.schema.field(index).type))
+        batch = batch.set_column(index, batch.schema.field(index), pa.array(old, batch.schema.field(index).type))
+        if BEFORE_RECORD in batch.schema.names:  # a new image: the base's record is not its record
+            index = batch.schema.get_field_index(BEFORE_RECORD)
+            batch = batch.set_column(index, batch.schema.field(index), pa.nulls(batch.num_rows, pa.binary()))
+        yield batch
+
+
+#: A folded key's column holding the base's protobuf record of its `before` image, when
+#: `images.complete_befores` took that image from the base (else absent or null).
+BEFORE_RECORD = "before_pb"
 
 
 def net_rows(folded: DataFrame, key_fields: Sequence[str], scope: Sequence[str] = (), *,
@@ -378,6 +389,7 @@ def net_rows(folded: DataFrame, key_fields: Sequence[str], scope: Sequence[str] 
         need = ~present & F.col("first_after").isNotNull() & ~F.coalesce("named", F.lit(False))
         func = functools.partial(_named_batches, key_fields=tuple(key_fields))
         rows = rows.filter(~need).unionByName(rows.filter(need).mapInArrow(func, rows.schema))
+    record = F.col(BEFORE_RECORD) if BEFORE_RECORD in folded.columns else F.lit(None).cast("binary")
     return rows.select(
         "key",
         F.when(present, F.when(existed, F.lit("UPDATE")).otherwise(F.lit("INSERT"))).otherwise(F.lit("DELETE"))
@@ -386,6 +398,7 @@ def net_rows(folded: DataFrame, key_fields: Sequence[str], scope: Sequence[str] 
         F.when(existed, F.col("before")).alias("old"),
         F.col("after").alias("new"),
         F.lit(None).cast("string").alias("ver"),
+        F.when(existed, record).alias("old_pb"),
         *scope)
 
 

@@ -43,6 +43,7 @@ from pyspark.sql import functions as F
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.errors import ArchiveError
 from snapshot_assets.spark.effects import (
+    BEFORE_RECORD,
     EFFECT_ARROW,
     EFFECT_COLUMNS,
     arrow_batch,
@@ -75,7 +76,8 @@ class UnfillableValue(ArchiveError):
 
 
 def complete_befores(folded: DataFrame, base: DataFrame) -> DataFrame:
-    """Folded keys (`effects.fold`) whose first before-image is partial take the base's row as it.
+    """Folded keys (`effects.fold`) whose first before-image is partial take the base's row as it,
+    and its protobuf record as BEFORE_RECORD (null where the base kept none, or kept its own).
 
     `base` is the table at the window's start (STATE_DDL). A key the base lacks keeps what its
     change sent (an archive that never held the row cannot know more).
@@ -86,10 +88,12 @@ def complete_befores(folded: DataFrame, base: DataFrame) -> DataFrame:
     """
     wanted = folded.filter(F.col("existed") & F.col("partial")).select("key")
     need = F.col("existed") & F.col("partial") & F.col("_base").isNotNull()
-    rows = base.join(wanted, "key", "left_semi").select("key", F.col("row").alias("_base"))
+    rows = base.join(wanted, "key", "left_semi").select("key", F.col("row").alias("_base"),
+                                                         F.col("pb").alias("_base_pb"))
     return (folded.join(rows, "key", "left")
             .withColumn("named", F.col("named") | need)  # a row of the base carries its key
-            .withColumn("before", F.when(need, F.col("_base")).otherwise(F.col("before"))).drop("_base"))
+            .withColumn("before", F.when(need, F.col("_base")).otherwise(F.col("before")))
+            .withColumn(BEFORE_RECORD, F.when(need, F.col("_base_pb"))).drop("_base", "_base_pb"))
 
 
 def _fill(after: str, missing: str, source: str | None, key_fields: Sequence[str]) -> tuple[str, str | None]:

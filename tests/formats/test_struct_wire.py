@@ -127,6 +127,15 @@ def test_a_change_given_its_new_images_snapshot_record_is_the_same_record(action
     assert diff_record(change, ("id",), snapshot_record(new, ("id",))) == diff_record(change, ("id",))
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([Action.UPDATE, Action.DELETE]), _TEXT, _ROWS, _IMAGES)
+def test_a_change_given_its_old_images_snapshot_record_is_the_same_record(action: Action, key: str,
+                                                                        old: dict[str, Any], new: Any) -> None:
+    """The DiffChange's `old` reuses the base row's SnapshotRow Struct (images.complete_befores)."""
+    change = Change(action, key, old, new)
+    assert diff_record(change, ("id",), old_record=snapshot_record(old, ("id",))) == diff_record(change, ("id",))
+
+
 def test_a_new_image_with_lone_surrogates_reuses_the_runtimes_record() -> None:
     new = {"a" + chr(0xD800): "x", "a" + chr(0xDBFF): [1]}
     change = Change(Action.UPDATE, "k", {"id": 1}, new)

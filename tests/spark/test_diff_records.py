@@ -3,19 +3,24 @@
 The oracle is the formats' own writers (`JsonlDiffWriter`, `ProtobufDiffWriter`) and
 `snapshot_record`, fed the changes decoded from the same Go-JSON texts the pass reads; generated
 changes cover inserts, updates and deletes, empty and key-only images, keys past 2^53, composite
-keys, strings Go escapes and nested values. No Spark: the pass is the function each task runs.
+keys, strings Go escapes and nested values; the pass is the function each task runs. Last, a diff
+built by Spark on a state whose rows kept their records, under REPLICA IDENTITY DEFAULT.
 """
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from resources.subscribers.generator import KEY_FIELDS as GEN_KEY
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.changes import Action, Change
 from snapshot_assets.archive.errors import EncodeError
@@ -23,8 +28,12 @@ from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES, diff_line
 from snapshot_assets.archive.formats.protobuf import snapshot_record
 from snapshot_assets.archive.keys import key_json, laredo_row_key, typed_key
+from snapshot_assets.spark.bases import choose_base
+from snapshot_assets.spark.diff import build_diff
 from snapshot_assets.spark.diff_records import RECORD_COLUMNS, _encode, record_formats
 from snapshot_assets.spark.effects import decode_row
+from snapshot_assets.spark.snapshot import build_snapshot
+from tests.spark.conftest import ALL_FORMATS, generate, python_bytes, read_parts, staged_bytes
 
 KEY = ("tenant", "id")
 _TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=6)
@@ -58,7 +67,11 @@ def _batch(changes: list[Any]) -> pa.RecordBatch:
              laredo_row_key(new if new is not None else old or dict(zip(KEY, k, strict=True)), KEY),
              text(old), text(new), "0/1\t\tC") for action, old, new, k in changes]
     names = ("key", "action", "change_key", "old", "new", "ver")
-    return pa.RecordBatch.from_arrays([pa.array(c, pa.string()) for c in zip(*rows, strict=True)], names=names)
+    columns = [pa.array(c, pa.string()) for c in zip(*rows, strict=True)]
+    # old_pb: the base's record of `old`, as images.complete_befores hands it on (a stored row's)
+    records = [None if o is None or i % 2 else snapshot_record(decode_row(text(o)) or {}, KEY)
+               for i, (_, o, _, _) in enumerate(changes)]
+    return pa.RecordBatch.from_arrays([*columns, pa.array(records, pa.binary())], names=[*names, "old_pb"])
 
 
 def _written(format_id: str, changes: list[Change]) -> bytes:
@@ -113,3 +126,22 @@ def test_an_over_long_new_image_is_refused_naming_its_row() -> None:
     with pytest.raises(EncodeError, match="16 MiB") as caught:
         _encode(_batch([("INSERT", None, big, ("t", 7))]), KEY, True, ("jsonl", "protobuf"))
     assert "[t 7]" in str(caught.value)
+
+
+def test_a_diff_on_a_state_reuses_the_base_rows_records_and_writes_the_writers_bytes(spark: Any,
+                                                                                    tmp_path: Path) -> None:
+    """REPLICA IDENTITY DEFAULT: the before-images come from the state, with their stored protobuf
+    records (`old_pb`), and the protobuf diff is still exactly the writer's for the changes the
+    jsonl diff holds (snowflake ids among the generator's keys)."""
+    g = generate(tmp_path / "buffer", 5, identity="default", changes=600)
+    cut, end = g.boundaries[len(g.boundaries) // 2], g.boundaries[-1]
+    base, segments = choose_base(g.reader, cut)
+    state = build_snapshot(spark, base, segments, cut, GEN_KEY, ALL_FORMATS, tmp_path / "s0",
+                           tmp_path / "state" / "epoch=1").details["state"]
+    built = build_diff(spark, g.reader.segments(cut, end), state, end, GEN_KEY, ("jsonl", "protobuf"),
+                       tmp_path / "d", tmp_path / "delta", state_formats=ALL_FORMATS)
+    delta = pq.read_table(tmp_path / "delta", columns=["action", "old_pb"])
+    reused = pc.sum(pc.is_valid(delta.column("old_pb"))).as_py()
+    assert reused and reused == pc.sum(pc.not_equal(delta.column("action"), "INSERT")).as_py()
+    changes = read_parts(built.formats["jsonl"], "diff")
+    assert staged_bytes(built.formats["protobuf"]) == python_bytes("protobuf", "diff", changes)

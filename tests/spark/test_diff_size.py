@@ -52,7 +52,7 @@ def net_frame(spark: Any, changes: list[Change]) -> Any:
         image = c.new if c.new is not None else c.old
         key = laredo_row_key(image, KEY_FIELDS)
         rows.append((key, c.action.value, key, None if c.old is None else encode_row(c.old, KEY_FIELDS),
-                     None if c.new is None else encode_row(c.new, KEY_FIELDS), None))
+                     None if c.new is None else encode_row(c.new, KEY_FIELDS), None, None))
     return spark.createDataFrame(rows, NET_DDL).repartition(3)
 
 

@@ -302,21 +302,23 @@ def _diff_message(change: Change, key: str) -> bytes:
 
 
 def diff_record(change: Change, key_fields: Sequence[str], new_record: bytes | None = None,
-                key: str | None = None) -> bytes:
+                key: str | None = None, old_record: bytes | None = None) -> bytes:
     """One change's record in a protobuf diff: the delimited DiffChange (fields in number order;
     proto3 leaves out an empty action or key, and an image that is absent or empty).
 
     `new_record`: the `snapshot_record` of the change's new image, when the caller made it (a diff's
     new image enters the state with it): a SnapshotRow is field 1 holding the Struct, and the
     DiffChange's `new` is field 4 holding the same Struct, so its bytes are reused, not encoded again.
-    `key`: the record's key (`written_key` with `go_struct_value`) when the caller computed it.
+    `old_record` likewise for the old image (`old` is field 3). `key`: the record's key
+    (`written_key` with `go_struct_value`) when the caller computed it.
     """
     key = gojson.valid_text(written_key(change, key_fields, go_struct_value) if key is None else key)
     try:
         data = b"".join((
             struct_wire.field(1, struct_wire.encode_text(change.action.value)) if change.action.value else b"",
             struct_wire.field(2, struct_wire.encode_text(key)) if key else b"",
-            struct_wire.field(3, struct_wire.row_struct(change.old, lambda: change.key)) if change.old else b"",
+            (_as_field(old_record, _OLD_TAG) if old_record is not None else
+             struct_wire.field(3, struct_wire.row_struct(change.old, lambda: change.key))) if change.old else b"",
             (_as_field(new_record, _NEW_TAG) if new_record is not None else
              struct_wire.field(4, struct_wire.row_struct(change.new, lambda: change.key))) if change.new else b""))
     except struct_wire.NotPlain:
@@ -324,7 +326,8 @@ def diff_record(change: Change, key_fields: Sequence[str], new_record: bytes | N
     return _varint(len(data)) + data
 
 
-_ROW_TAG, _NEW_TAG = 0x0A, 0x22  # SnapshotRow.row (field 1), DiffChange.new (field 4): both length-delimited
+# SnapshotRow.row (field 1), DiffChange.old (field 3) and .new (field 4): all length-delimited Structs.
+_ROW_TAG, _OLD_TAG, _NEW_TAG = 0x0A, 0x1A, 0x22
 
 
 def _as_field(record: bytes, tag: int) -> bytes:
