@@ -556,6 +556,10 @@ def too_deep() -> str:
     return f"JSON nested deeper than {sys.getrecursionlimit()} levels"
 
 
+#: `json.loads` with these hooks builds a decoder per call; one decoder, made once, parses the same.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def loads(data: bytes | bytearray | str) -> Any:
     """Parse JSON the way this project reads artifacts: integers stay exact Python ints (any size),
     NaN/Infinity literals and numbers beyond float64 are refused, input must be UTF-8.
@@ -567,7 +571,9 @@ def loads(data: bytes | bytearray | str) -> Any:
     except UnicodeDecodeError as exc:
         raise CorruptArtifact(f"invalid UTF-8: {exc}") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        if text.startswith("\ufeff"):  # what json.loads refuses before decoding
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        return _DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise CorruptArtifact(f"invalid JSON: {exc}") from None
     except RecursionError:
