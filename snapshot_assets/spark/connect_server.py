@@ -72,6 +72,7 @@ from pathlib import Path
 from snapshot_assets.spark.server_memory import (
     HEAP_KEY,
     ON_OUT_OF_MEMORY,
+    READER_SETTINGS,
     jvm_caps,
     memory_budget_mib,
     overhead_mib,
@@ -276,7 +277,7 @@ def server_command(port: int, conf: Mapping[str, str], master: str = "local[*]",
     if not shared_workers:
         cmd += ["--class", SERVER_CLASS]
     cmd += ["--master", master, "--name", "snapshotter-spark-connect"]
-    settings = {**conf, "spark.connect.grpc.binding.address": "127.0.0.1",
+    settings = {**READER_SETTINGS, **conf, "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.connect.grpc.binding.port": str(port)}
     if shared_workers:
         settings.update({"spark.plugins": CONNECT_PLUGIN, ISOLATION: "false",

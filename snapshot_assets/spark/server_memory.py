@@ -29,6 +29,13 @@ benchmark's first diff with `OutOfMemoryError: Metaspace`. So the cap covers the
 too (68 + 189 MiB, with room), and the sum of the caps still leaves the fixed parts but the archive
 (GC, threads, arenas: 228 MiB) inside the overhead.
 
+Capping direct buffers means no reader may need an unbounded one. Parquet's vectored reads (on by
+default since Parquet 1.16, which Spark 4 ships) read each contiguous range of a row group's column
+chunks into one direct buffer (parquet-java issue 3719): reading a 10,000,000-row diff's delta, two
+tasks asked for 33 MB ranges under the 128 MiB cap, the allocation failed in Parquet's reading
+thread, and the task waited out Parquet's 300 s timeout before failing the diff. The server turns
+them off (`READER_SETTINGS`): Parquet then reads into heap buffers, which `-Xmx` bounds.
+
 A JVM that runs out of memory all the same exits (`-XX:+ExitOnOutOfMemoryError`) rather than
 living on with failing threads: its clients' operations fail at once with the connection, not
 after a two-minute deadline, and the next run starts a fresh server.
@@ -52,6 +59,9 @@ _CAPPED_POOLS: tuple[tuple[str, float, int], ...] = (
     ("-XX:MaxMetaspaceSize", 3 / 8, 256),
     ("-XX:ReservedCodeCacheSize", 5 / 32, 96),
 )
+
+#: Spark settings the caps need (see the module doc); the user's own `spark.conf` wins.
+READER_SETTINGS = {"spark.hadoop.parquet.hadoop.vectored.io.enabled": "false"}
 
 #: What the JVM does when a pool is full all the same (see the module doc).
 ON_OUT_OF_MEMORY = "-XX:+ExitOnOutOfMemoryError"
