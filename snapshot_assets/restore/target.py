@@ -7,7 +7,8 @@ comment naming the target), and one transaction on the driver's connection puts 
 old table or the whole new one, never a part. A failure drops the staging table; a restore that
 was killed leaves it behind, and the next restore of the same target drops it first. While a
 restore runs it holds a session advisory lock on the target's name, so a second restore of that
-target fails fast instead of dropping the first one's staging table.
+target fails (after waiting `LOCK_WAIT_S` for a restore that is just ending) instead of dropping
+the first one's staging table.
 
 The restored table has the manifest's column types and NOT NULLs and the archive's key as its
 primary key (added after the load, which is faster than checking it per row); defaults,
@@ -17,6 +18,7 @@ indexes, other constraints and grants are not in the archive and are not made.
 from __future__ import annotations
 
 import io
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,6 +39,11 @@ Connection = Any  # a psycopg2 connection (the package ships no type information
 STAGING_MARK: Final = "__restore_"
 _COMMENT: Final = "snapshotter restore staging for "
 _LOCK_CLASS: Final = 0x5E570  # the advisory-lock namespace of restores (first key of the pair)
+#: How long a restore waits for the target's lock before it calls the holder another running restore.
+#: Why wait at all: a restore that has just ended releases the lock when PostgreSQL's backend for its
+#: session exits, which can come after the restore's own process has (the suite saw a restore started
+#: right after another of the same target refused as concurrent).
+LOCK_WAIT_S: Final = 5.0
 _MAX_IDENTIFIER: Final = 63  # NAMEDATALEN - 1: PostgreSQL truncates longer names silently
 
 
@@ -148,9 +155,11 @@ class Target:
     def _lock(self) -> None:
         if not self._fetch("SELECT to_regnamespace(%s) IS NOT NULL", (self.name.schema,))[0][0]:
             raise RestoreError(f"schema {self.name.schema!r} does not exist in the target database")
-        got = self._fetch("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_LOCK_CLASS, str(self.name)))[0][0]
-        if not got:
-            raise RestoreError(f"another restore of {self.name} is running (it holds the target's advisory lock)")
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while not self._fetch("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_LOCK_CLASS, str(self.name)))[0][0]:
+            if time.monotonic() >= deadline:
+                raise RestoreError(f"another restore of {self.name} is running (it holds the target's advisory lock)")
+            time.sleep(0.1)
 
     def exists(self) -> bool:
         return bool(self._fetch("SELECT to_regclass(%s) IS NOT NULL", (self.name.ident.as_string(self.conn),))[0][0])
