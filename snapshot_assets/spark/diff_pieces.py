@@ -24,13 +24,13 @@ from snapshot_assets.archive import versions
 from snapshot_assets.archive.formats import get_format
 from snapshot_assets.archive.versions import VERSIONS
 from snapshot_assets.spark.diff_records import RECORD_COLUMNS
-from snapshot_assets.spark.parts import PART_DDL, StagedFormat, collect_parts, part_batch, task_index
+from snapshot_assets.spark.parts import PART_DDL, StagedFormat, collect_parts, part_batch, part_path, task_index
 from snapshot_assets.spark.pieces import PieceWriter, Uploads
 from snapshot_assets.spark.state import concatenated
 
 
 def _piece(staging_dir: str | None, format_id: str, extension: str, index: int, uploads: Uploads | None) -> PieceWriter:
-    staged = None if staging_dir is None else Path(staging_dir) / format_id / f"part-{index:05d}{extension}"
+    staged = None if staging_dir is None else part_path(staging_dir, format_id, extension, index)
     return PieceWriter(format_id, index, staged=staged, uploads=uploads)
 
 

@@ -44,8 +44,9 @@ class StagingNotShared(RuntimeError):
     """Tasks wrote parts the driver cannot see: the staging directory is not shared with executors."""
 
 
-def part_path(staging_dir: Path | str, fmt: Format, index: int) -> Path:
-    return Path(staging_dir) / fmt.format_id / f"part-{index:05d}{fmt.extension}"
+def part_path(staging_dir: Path | str, format_id: str, extension: str, index: int) -> Path:
+    """Where a task stages its piece `index` of one format (or of a sidecar such as versions)."""
+    return Path(staging_dir) / format_id / f"part-{index:05d}{extension}"
 
 
 class PartSink:
@@ -65,7 +66,8 @@ class PartSink:
 
     def _start(self) -> None:
         for fmt in self._formats:
-            staged = None if self._staging is None else part_path(self._staging, fmt, self._index)
+            staged = None if self._staging is None else \
+                part_path(self._staging, fmt.format_id, fmt.extension, self._index)
             piece = PieceWriter(fmt.format_id, self._index, staged=staged, uploads=self._uploads)
             make = fmt.snapshot_writer if self._kind == "snapshot" else fmt.diff_writer
             self._open.append((fmt, piece, make(piece.stream, self._key_fields)))
