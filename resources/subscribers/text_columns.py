@@ -39,7 +39,7 @@ from resources.subscribers import pgtypes
 from resources.subscribers.text_rows import RowCodec
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.formats.protobuf import snapshot_record
-from snapshot_assets.archive.formats.protobuf_columns import snapshot_records
+from snapshot_assets.archive.formats.protobuf_columns import KnownTokens, TokenKind, snapshot_records
 
 _NULL = "null"
 # RE2 classes (Arrow's regex engine) of what each kernel can spell exactly.
@@ -84,6 +84,17 @@ _KERNELS: dict[str, tuple[str | None, Callable[[pa.Array], pa.Array]]] = {
 }
 
 
+#: spec → the kind of token its kernel spells (`protobuf_columns.KnownTokens`: the records skip
+#: classifying those tokens again); a spec without one leaves its tokens to be classified.
+_KERNEL_TOKENS: dict[str, TokenKind] = {
+    "int": TokenKind.INTEGER,
+    "bool": TokenKind.BOOL,
+    "text": TokenKind.PLAIN_STRING,
+    "timestamptz": TokenKind.PLAIN_STRING,
+    "timestamp": TokenKind.PLAIN_STRING,
+}
+
+
 def _typed_path(values: Sequence[str], spec: str) -> list[str]:
     if spec == "json":  # all of them at once where it gives the same bytes (no Python per document)
         documents = gojson.encode_documents(values)
@@ -93,9 +104,16 @@ def _typed_path(values: Sequence[str], spec: str) -> list[str]:
     return [gojson.encode_value(convert(value)) for value in values]
 
 
-def encode_column(values: pa.Array, spec: str) -> pa.Array:
-    """The JSON value of every text in `values` (a string array, null for SQL NULL) as the typed
-    path writes it: `gojson.encode_value(pgtypes.converter_of(spec)(text))`, `null` for NULL."""
+class JsonColumn(NamedTuple):
+    """A column's JSON values (`encode_column`) and what its kernel is known to have spelled."""
+
+    tokens: pa.Array
+    known: KnownTokens | None
+
+
+def json_column(values: pa.Array, spec: str) -> JsonColumn:
+    """`encode_column`, with the rows whose token the spec's kernel spelled (their kind is the
+    kernel's, `_KERNEL_TOKENS`) for the protobuf records built from the same tokens."""
     kernel = _KERNELS.get(spec)
     present = pc.is_valid(values)
     if kernel is None:
@@ -110,7 +128,14 @@ def encode_column(values: pa.Array, spec: str) -> pa.Array:
     if pc.any(rest).as_py():
         others = values.filter(rest).to_pylist()
         out = pc.replace_with_mask(out, rest, pa.array(_typed_path(others, spec), pa.string()))
-    return out.fill_null(_NULL)
+    kind = _KERNEL_TOKENS.get(spec)
+    return JsonColumn(out.fill_null(_NULL), None if kind is None else KnownTokens(kind, spelled))
+
+
+def encode_column(values: pa.Array, spec: str) -> pa.Array:
+    """The JSON value of every text in `values` (a string array, null for SQL NULL) as the typed
+    path writes it: `gojson.encode_value(pgtypes.converter_of(spec)(text))`, `null` for NULL."""
+    return json_column(values, spec).tokens
 
 
 #: What `encode_column` raises for a value the typed path refuses (it names the value's column and
@@ -186,13 +211,14 @@ def encode_copies(codec: RowCodec, images: pa.ListArray, keys: pa.Array, *,
     if len(images) > 0 and width > 0 and images.null_count == 0 and \
             pc.all(pc.equal(pc.list_value_length(images), width)).as_py():
         try:
-            columns = [encode_column(column, codec.specs[j]) for j, column in enumerate(columns_of(images, width))]
+            encoded = [json_column(column, codec.specs[j]) for j, column in enumerate(columns_of(images, width))]
         except REFUSED:
             pass  # the row-by-row path below raises the typed path's own error, naming column and row
         else:
+            columns = [column.tokens for column in encoded]
             texts = joined_rows(codec.names, columns)
-            return Copies(texts, snapshot_records(codec.names, columns) if records else None,
-                          typed(codec.names, columns) if typed is not None else None)
+            return Copies(texts, snapshot_records(codec.names, columns, [c.known for c in encoded]) if records
+                          else None, typed(codec.names, columns) if typed is not None else None)
     texts = _row_by_row(codec, images, keys.to_pylist())
     return Copies(texts, _records_of(texts) if records else None,
                   pa.nulls(len(texts), typed.type) if typed is not None else None)

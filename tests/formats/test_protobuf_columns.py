@@ -18,7 +18,13 @@ from hypothesis import strategies as st
 
 from snapshot_assets.archive import gojson
 from snapshot_assets.archive.formats.protobuf import _varint, set_value, snapshot_record
-from snapshot_assets.archive.formats.protobuf_columns import snapshot_records, value_bytes, varints
+from snapshot_assets.archive.formats.protobuf_columns import (
+    KnownTokens,
+    TokenKind,
+    snapshot_records,
+    value_bytes,
+    varints,
+)
 
 _TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=10)
 _SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(-(2**70), 2**70) | _TEXT
@@ -55,9 +61,32 @@ def test_rows_of_value_columns_become_the_records_the_state_encodes(data: Any) -
     assert snapshot_records(names, columns).to_pylist() == [snapshot_record(gojson.loads(t), ()) for t in texts]
 
 
+#: Values whose token is of each kind, as a kernel that knows its column's type spells them.
+_KIND_VALUES = {
+    TokenKind.PLAIN_STRING: st.text(st.characters(exclude_categories=("Cs", "Cc"),
+                                                  exclude_characters='"\\<>&\u2028\u2029'), max_size=10),
+    TokenKind.INTEGER: st.integers() | st.integers(-(2**70), 2**70) | st.sampled_from([2**53, 2**53 + 1, -(2**53) - 1]),
+    TokenKind.BOOL: st.booleans(),
+}
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_tokens_of_a_known_kind_get_the_bytes_the_typed_path_writes(data: Any) -> None:
+    """The rows a caller names as known skip the classification and must still get the same bytes;
+    the rest of the column (any value) is classified as usual."""
+    kind = data.draw(st.sampled_from(list(TokenKind)))
+    cells = data.draw(st.lists(st.tuples(st.booleans(), _KIND_VALUES[kind], _VALUES), max_size=30))
+    tokens = [_token(value if known else other) for known, value, other in cells]
+    known = KnownTokens(kind, pa.array([known for known, _, _ in cells], pa.bool_()))
+    assert value_bytes(pa.array(tokens, pa.string()), known).to_pylist() == [_typed(t) for t in tokens]
+
+
 def test_lengths_become_the_varints_protobuf_writes() -> None:
     lengths = [0, 1, 127, 128, 300, 16383, 16384, 2**21, 2**28 - 1, 2**28, 2**35, 2**62]
     assert varints(np.array(lengths, dtype=np.int64)).to_pylist() == [_varint(n) for n in lengths]
+    short = [0, 1, 5, 127]  # every one a single byte: the fast path
+    assert varints(np.array(short, dtype=np.int64)).to_pylist() == [_varint(n) for n in short]
     assert varints(np.array([], dtype=np.int64)).to_pylist() == []
 
 
