@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +106,11 @@ def changed(position: str, action: Action, old: dict[str, Any] | None, new: dict
 
 def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]], *,
                 text: bool = False, text_changes: bool = False, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
-                make: Callable[[int], dict[str, Any]] = row) -> tuple[BufferReader, list[str]]:
+                make: Callable[[int], dict[str, Any]] = row, copy_order: Sequence[int] | None = None
+                ) -> tuple[BufferReader, list[str]]:
     """A buffer: an initial load of `initial` rows `make(i)` (typed, or with `text` kept as column
-    text), then one transaction per wave of (action, i) (typed, or with `text_changes` kept as
+    text; in key order, or `copy_order`, as a table's heap may hold them), then one transaction per
+    wave of (action, i) (typed, or with `text_changes` kept as
     column text as PostgreSQL sends them under REPLICA IDENTITY DEFAULT: no before-image for an
     UPDATE, the key columns only for a DELETE)."""
     lsn = 0x1000
@@ -118,7 +120,7 @@ def buffer_with(root: Path, initial: int, waves: list[list[tuple[Action, int]]],
                    Column("note", "text", ordinal=3), Column("version", "int4", ordinal=4))
         buffer.append(SchemaEvent(TableSchema(TABLE, columns)))
         buffer.append(ResyncBegin("initial load"))
-        for i in range(initial):
+        for i in range(initial) if copy_order is None else copy_order:
             buffer.append(copied(i, make) if text else SnapshotRow(make(i)))
         buffer.append(ResyncEnd(format_lsn(lsn), initial))
         positions.append(format_lsn(lsn))

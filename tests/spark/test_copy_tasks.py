@@ -4,6 +4,7 @@ rows, versions and records, whatever the tasks' slices, and a census that does n
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
 from typing import Any
 
@@ -111,12 +112,18 @@ def test_a_copy_is_bucketed_through_runs_unless_a_row_needs_the_jvms_typing(spar
     assert parquet.select(["id", "name", "note", "version"]).to_pylist() == table
 
 
-def test_sorted_runs_are_the_census_and_each_bucket_gets_exactly_its_key_range(spark: Any, tmp_path: Path) -> None:
-    """Two runs of 1,500 rows in record batches of 1,024 (the smallest), merged into ~40 buckets:
-    the runs' reports count the rows and their exact jsonl bytes, sample every key of a small copy,
-    and each bucket's rows file holds exactly the keys in [its bound, the next), sorted."""
+@pytest.mark.parametrize("heap", ["key order", "shuffled"])
+def test_sorted_runs_are_the_census_and_each_bucket_gets_exactly_its_key_range(spark: Any, tmp_path: Path,
+                                                                               heap: str) -> None:
+    """Two runs of 1,500 rows in record batches of at most 1,024 (the smallest), merged into ~40
+    buckets: the runs' reports count the rows and their exact jsonl bytes, sample every key of a
+    small copy, and each bucket's rows file holds exactly the keys in [its bound, the next), sorted.
+    A copy in key order is written as it came; a shuffled one is sorted by each run's task."""
     rows = 3_000
-    reader, _ = buffer_with(tmp_path / "buffer", rows, [], text=True, row_group_rows=250)
+    order = list(range(rows))
+    if heap == "shuffled":
+        random.Random(7).shuffle(order)
+    reader, _ = buffer_with(tmp_path / "buffer", rows, [], text=True, row_group_rows=250, copy_order=order)
     resync = reader.latest_resync()
     assert resync is not None and resync.segment is not None
     file = CopyFile.open(reader.segment_ref(resync.segment), None, task_rows=1_500)
@@ -127,7 +134,9 @@ def test_sorted_runs_are_the_census_and_each_bucket_gets_exactly_its_key_range(s
         assert runs is not None
         assert runs.rows == rows and runs.jsonl_bytes == len(python_bytes("jsonl", "snapshot", table))
         assert runs.samples == keys  # under SAMPLE_ROWS rows: every key
-        assert len(runs.batches) == 4 and all(b.first <= b.last for b in runs.batches)
+        assert len(runs.batches) >= 4 and all(b.first <= b.last for b in runs.batches)
+        for before, after in itertools.pairwise(runs.batches):  # each run's batches in sk order
+            assert before.uri != after.uri or before.last < after.first
         bounds = bounds_of(runs.samples, bucket_count(runs.rows, runs.jsonl_bytes, 8 << 10))
         assert len(bounds) > 30
         write = bucket_writer(tmp_path / "pool", tmp_path / "staging", BYTE_FORMATS, None, 4096)
