@@ -126,10 +126,21 @@ def json_column(values: pa.Array, spec: str) -> JsonColumn:
         out = pc.if_else(spelled, encode(values), pa.scalar(None, pa.string()))
     rest = pc.and_(present, pc.invert(spelled))
     if pc.any(rest).as_py():
-        others = values.filter(rest).to_pylist()
-        out = pc.replace_with_mask(out, rest, pa.array(_typed_path(others, spec), pa.string()))
+        out = pc.replace_with_mask(out, rest, _each_distinct_once(values.filter(rest), spec))
     kind = _KERNEL_TOKENS.get(spec)
     return JsonColumn(out.fill_null(_NULL), None if kind is None else KnownTokens(kind, spelled))
+
+
+def _each_distinct_once(others: pa.Array, spec: str) -> pa.Array:
+    """The typed path of each value of `others`, computed once per distinct value: a column the
+    kernels leave to it (json, numeric, arrays) often repeats a few values (settings, tags, enums).
+    On the benchmark table's jsonb column (50 distinct documents) a 268,000-row slice took 0.02 s
+    instead of 0.5 s; a column of all-distinct documents pays one hash pass more (0.045 of 0.72 s)."""
+    distinct = pc.unique(others)
+    if len(distinct) == len(others):
+        return pa.array(_typed_path(others.to_pylist(), spec), pa.string())
+    encoded = pa.array(_typed_path(distinct.to_pylist(), spec), pa.string())
+    return encoded.take(pc.index_in(others, value_set=distinct))
 
 
 def encode_column(values: pa.Array, spec: str) -> pa.Array:

@@ -117,6 +117,22 @@ def test_json_documents_are_encoded_all_at_once_as_the_typed_path_encodes_each(v
     assert gojson.encode_documents(texts) == _typed("json", texts)
 
 
+@pytest.mark.parametrize("spec", ["json", "float"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_column_of_repeated_values_is_encoded_as_the_typed_path_encodes_each(spec: str, data: Any) -> None:
+    """The typed path runs once per distinct value and the results are spread back: each row still
+    gets its own value's encoding, NULLs stay `null`."""
+    distinct = data.draw(st.lists(SPEC_TEXTS[spec], min_size=1, max_size=4, unique=True))
+    texts = data.draw(st.lists(st.none() | st.sampled_from(distinct), min_size=1, max_size=30))
+    assert encode_column(pa.array(texts, pa.string()), spec).to_pylist() == _typed(spec, texts)
+
+
+def test_a_refused_value_that_repeats_is_still_refused() -> None:
+    with pytest.raises(gojson.UnsupportedValue):
+        encode_column(pa.array(["1e400", '{"a": 1}', "1e400"], pa.string()), "json")
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(SPEC_TEXTS["json"] | st.sampled_from(['"\\u0000"', '["\\ud800"]', '1e-7', '-0.0', '1e400', "1" * 5000,
                                                        "[" * 2000 + "]" * 2000]), max_size=12))
