@@ -200,7 +200,8 @@ class CellTyper(Protocol):
     @property
     def type(self) -> pa.DataType: ...
 
-    def __call__(self, names: Sequence[str], tokens: Sequence[pa.Array]) -> pa.Array: ...
+    def __call__(self, names: Sequence[str], tokens: Sequence[pa.Array],
+                 known: Sequence[KnownTokens | None] = ()) -> pa.Array: ...
 
 
 class Copies(NamedTuple):
@@ -229,7 +230,8 @@ def encode_copies(codec: RowCodec, images: pa.ListArray, keys: pa.Array, *,
             columns = [column.tokens for column in encoded]
             texts = joined_rows(codec.names, columns)
             return Copies(texts, snapshot_records(codec.names, columns, [c.known for c in encoded]) if records
-                          else None, typed(codec.names, columns) if typed is not None else None)
+                          else None, typed(codec.names, columns, [c.known for c in encoded]) if typed is not None
+                          else None)
     texts = _row_by_row(codec, images, keys.to_pylist())
     return Copies(texts, _records_of(texts) if records else None,
                   pa.nulls(len(texts), typed.type) if typed is not None else None)

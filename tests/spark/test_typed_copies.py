@@ -11,6 +11,7 @@ valid JSON, as every Go-JSON value is.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from pyspark.sql.types import StringType, StructField, StructType
 
 from snapshot_assets.archive import gojson
+from snapshot_assets.archive.formats.protobuf_columns import KnownTokens, TokenKind
 from snapshot_assets.archive.row_schema import ColumnType, RowSchema
 from snapshot_assets.spark.parquet_artifact import image_type, typed_columns
 from snapshot_assets.spark.typed_copies import CopyTyper
@@ -76,6 +78,39 @@ def _cells(rows: list[dict[str, str]]) -> list[dict[str, Any] | None]:
     names = [c.name for c in SCHEMA.columns]
     tokens = [pa.array([row[name] for row in rows], pa.string()) for name in names]
     return TYPER(names, tokens).to_pylist()  # type: ignore[no-any-return]
+
+
+_KINDS = {TokenKind.INTEGER: re.compile(r"\A(0|-?[1-9][0-9]*)\Z"), TokenKind.PLAIN_STRING: re.compile(r'\A"[^"\\]*"\Z'),
+          TokenKind.BOOL: re.compile(r"\A(true|false)\Z")}
+_COLUMN_KIND = {
+    ColumnType.BOOL: TokenKind.BOOL,
+    ColumnType.INT16: TokenKind.INTEGER,
+    ColumnType.INT32: TokenKind.INTEGER,
+    ColumnType.INT64: TokenKind.INTEGER,
+    ColumnType.STRING: TokenKind.PLAIN_STRING,
+    ColumnType.FLOAT64: TokenKind.INTEGER,  # a kind that settles no float cell: the patterns type these rows
+    ColumnType.JSON: TokenKind.PLAIN_STRING,
+}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(rows=_rows, data=st.data())
+def test_tokens_of_a_known_kind_get_the_cells_the_patterns_give(rows: list[dict[str, str]], data: Any) -> None:
+    """Rows the encoder names as known (some of the tokens that are of the kind; a float or JSON
+    column's known rows are typed by the patterns all the same) get exactly the cells the patterns
+    give them, the other rows are typed as before."""
+    names = [c.name for c in SCHEMA.columns]
+    tokens = [pa.array([row[name] for row in rows], pa.string()) for name in names]
+    known = []
+    for column, column_tokens in zip(SCHEMA.columns, tokens, strict=True):
+        kind = _COLUMN_KIND[column.type]
+        claimed = [bool(_KINDS[kind].match(t)) and data.draw(st.booleans()) for t in column_tokens.to_pylist()]
+        known.append(KnownTokens(kind, pa.array(claimed, pa.bool_())))
+    got, expected = TYPER(names, tokens, known).to_pylist(), TYPER(names, tokens).to_pylist()
+    for a, b in zip(got, expected, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert all(_same(a[name], b[name]) for name in b), (a, b)
 
 
 def _jvm(spark: Any, texts: list[str]) -> list[dict[str, Any]]:
