@@ -85,12 +85,13 @@ SegmentKind = Literal["changes", "snapshot"]
 SNAPSHOT_ACTION = "SNAPSHOT"
 SEGMENT_FOLDER = "segments"
 COMPRESSION = "zstd"
-#: The columns whose values repeat from row to row (a transaction's position and commit time, the
-#: action, the table's codec, the lists of column names), the ones a dictionary shrinks. Keys,
-#: images and column texts differ in nearly every row: a dictionary for them is built, found useless
-#: and dropped page after page. On the 1,000,000-row copy of the benchmark's table the segment was
-#: written in 0.8-1.0 s instead of 1.1-1.3 s and was 19.1 MB instead of 24.7 MB, read as fast or faster.
-DICTIONARY_COLUMNS = ["position", "action", "commit_time", "unchanged", "codec", "old_absent"]
+#: A snapshot segment's (a copy's) columns whose values repeat from row to row (its position and
+#: action, the table's codec), the ones a dictionary shrinks. A copied row's key and column texts
+#: differ in every row: a dictionary for them is built, found useless and dropped page after page.
+#: On the 1,000,000-row copy of the benchmark's table the segment was written in 0.8-1.0 s instead of
+#: 1.1-1.3 s and was 19.1 MB instead of 24.7 MB, read as fast or faster. A change segment keeps a
+#: dictionary for every column: a row updated again and again repeats its key and much of its image.
+SNAPSHOT_DICTIONARY_COLUMNS = ["position", "action", "commit_time", "unchanged", "codec", "old_absent"]
 
 _META_SEGMENT = b"snapshotter.buffer.segment"
 _META_TABLE = b"snapshotter.buffer.table"
@@ -547,7 +548,8 @@ class SegmentWriter:
     def __init__(self, storage: BufferStorage, kind: SegmentKind) -> None:
         self._storage = storage
         self._temp = storage.create_temp(segment_name(0, kind))
-        self._writer = pq.ParquetWriter(self._temp, SCHEMA, compression=COMPRESSION, use_dictionary=DICTIONARY_COLUMNS)
+        dictionary = SNAPSHOT_DICTIONARY_COLUMNS if kind == "snapshot" else True
+        self._writer = pq.ParquetWriter(self._temp, SCHEMA, compression=COMPRESSION, use_dictionary=dictionary)
         self.rows = 0
 
     def write(self, rows: Sequence[RowTuple]) -> None:
