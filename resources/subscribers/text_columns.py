@@ -227,11 +227,10 @@ def encode_copies(codec: RowCodec, images: pa.ListArray, keys: pa.Array, *,
         except REFUSED:
             pass  # the row-by-row path below raises the typed path's own error, naming column and row
         else:
-            columns = [column.tokens for column in encoded]
-            texts = joined_rows(codec.names, columns)
-            return Copies(texts, snapshot_records(codec.names, columns, [c.known for c in encoded]) if records
-                          else None, typed(codec.names, columns, [c.known for c in encoded]) if typed is not None
-                          else None)
+            columns, known = [c.tokens for c in encoded], [c.known for c in encoded]
+            return Copies(joined_rows(codec.names, columns),
+                          snapshot_records(codec.names, columns, known) if records else None,
+                          typed(codec.names, columns, known) if typed is not None else None)
     texts = _row_by_row(codec, images, keys.to_pylist())
     return Copies(texts, _records_of(texts) if records else None,
                   pa.nulls(len(texts), typed.type) if typed is not None else None)

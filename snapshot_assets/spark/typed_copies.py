@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from resources.subscribers.text_columns import spread
-from snapshot_assets.archive.formats.protobuf_columns import KnownTokens, TokenKind
+from snapshot_assets.archive.formats.protobuf_columns import INT64_SAFE_CHARS, KnownTokens, TokenKind
 from snapshot_assets.archive.row_schema import ColumnType, RowSchema
 from snapshot_assets.spark.parquet_artifact import snapshot_arrow_schema
 
@@ -91,7 +91,6 @@ class CopyTyper:
 _KIND_OF_TYPE = {ColumnType.INT16: TokenKind.INTEGER, ColumnType.INT32: TokenKind.INTEGER,
                  ColumnType.INT64: TokenKind.INTEGER, ColumnType.STRING: TokenKind.PLAIN_STRING,
                  ColumnType.BOOL: TokenKind.BOOL}
-_SAFE_INT_CHARS = 18  # an integer token of at most 18 characters fits an int64
 
 
 def _typed_cells(column_type: ColumnType, tokens: pa.Array, arrow_type: pa.DataType,
@@ -101,7 +100,7 @@ def _typed_cells(column_type: ColumnType, tokens: pa.Array, arrow_type: pa.DataT
         return _cell(column_type, tokens, arrow_type)
     settled = known.rows
     if known.kind is TokenKind.INTEGER:
-        settled = pc.and_(settled, pc.less_equal(pc.utf8_length(tokens), _SAFE_INT_CHARS))
+        settled = pc.and_(settled, pc.less_equal(pc.utf8_length(tokens), INT64_SAFE_CHARS))
         value = pc.cast(pc.if_else(settled, tokens, "0"), pa.int64())
         low, high = _RANGES[column_type]
         settled = pc.and_(settled, pc.and_(pc.greater_equal(value, low), pc.less_equal(value, high)))
