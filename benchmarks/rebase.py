@@ -490,8 +490,8 @@ class Workload:
     description: str
     diff: Step
     merge: Step
-    rebases: list[Step]
-    peer_rebases: list[Step]
+    rebase: Step
+    peer_rebase: Step
     changed_keys: int
     diff_bytes: dict[str, int]
 
@@ -568,17 +568,15 @@ def run_workload(name: str, description: str, apply: Any, source: Source, produc
     print(f"  diff run {diff.seconds:.1f} s ({diff.output})", flush=True)
     merge = delta.merge(keys, rows)
     check(f"delta-rs after {name}", delta.rows(), expected)
-    rebases, peer = [], []
     # Once: a second forced re-base at the same position would re-base nothing (every bucket reused).
-    step = product.run("--force-snapshot", "--no-ingest")
+    rebase = product.run("--force-snapshot", "--no-ingest")
     _, count = artifact_sizes(product)
     check(f"the re-base after {name}", count, expected)
-    rebases.append(step)
-    peer.append(duck.rebase(keys, rows))
+    peer = duck.rebase(keys, rows)
     check(f"DuckDB's re-base after {name}", duck.rows(), expected)
-    print(f"  re-base {step.seconds:.1f} s vs DuckDB {peer[-1].seconds:.2f} s, delta-rs MERGE "
+    print(f"  re-base {rebase.seconds:.1f} s vs DuckDB {peer.seconds:.2f} s, delta-rs MERGE "
           f"{merge.seconds:.2f} s", flush=True)
-    return Workload(name, description, diff, merge, rebases, peer, int(changed), diff_bytes)
+    return Workload(name, description, diff, merge, rebase, peer, int(changed), diff_bytes)
 
 
 def ratio(a: float, b: float) -> str:
@@ -640,7 +638,7 @@ def render(args: argparse.Namespace, facts: str, initial: Initial, delta_init: S
     copy, duck_write = median_step(initial.copies), median_step(initial.writes)
     peer_initial = sorted(initial.peers)[len(initial.peers) // 2]
     fixed_step = median_step(fixed)
-    steps = [*initial.ours, *fixed, *(x for w in workloads for x in (w.diff, *w.rebases))]
+    steps = [*initial.ours, *fixed, *(x for w in workloads for x in (w.diff, w.rebase))]
     busiest = max(x.load_max for x in steps)
     cores = os.cpu_count() or 1
     lines = [
@@ -665,7 +663,7 @@ def render(args: argparse.Namespace, facts: str, initial: Initial, delta_init: S
         f"| | {fixed_step.load_text} |",
     ]
     for w in workloads:
-        rebase, peer = median_step(w.rebases), median_step(w.peer_rebases)
+        rebase, peer = w.rebase, w.peer_rebase
         lines.append(row(f"({w.name}) diff run (ingest + diff)", w.diff, "delta-rs MERGE", w.merge.seconds, "—"))
         lines.append(row(f"({w.name}) re-base (`--force-snapshot --no-ingest`)", rebase,
                          "DuckDB base anti-join changes → jsonl + parquet", peer.seconds,
@@ -686,7 +684,7 @@ def render(args: argparse.Namespace, facts: str, initial: Initial, delta_init: S
         f"- fixed cost: {phase_text(fixed_step)}",
     ]
     for w in workloads:
-        lines.append(f"- ({w.name}) diff: {phase_text(w.diff)}; re-base: {phase_text(median_step(w.rebases))}")
+        lines.append(f"- ({w.name}) diff: {phase_text(w.diff)}; re-base: {phase_text(w.rebase)}")
     return "\n".join(lines) + "\n"
 
 
