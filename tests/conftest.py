@@ -29,8 +29,12 @@ settings.load_profile("suite")
 # Every JVM the tests start (local Spark sessions, Spark Connect servers, a standalone cluster's
 # master and workers) compiles with C1 only. The tests' data is tiny, so HotSpot's optimising C2
 # compiler never pays for itself: it took a quarter to a third of the Spark tests' CPU (README, Tests),
-# and the suite is CPU-bound on two cores. Set here, before any fixture starts a process, so every child inherits it.
-os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
+# and the suite is CPU-bound on two cores. Without tiers the JVM reserves only 48 MB for compiled code,
+# which a long-lived session fills with Spark's generated classes within minutes ("CodeCache is full.
+# Compiler has been disabled."): from then on every new query ran in the bytecode interpreter. The
+# reservation is therefore the tiered default's. Set here, before any fixture starts a process, so
+# every child inherits it.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
 
 _AWS_TEST_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
