@@ -159,13 +159,14 @@ def _plain_strings(tokens: pa.Array, at: np.ndarray) -> _Pieces:
 
 def _integers(tokens: pa.Array, at: np.ndarray) -> _Pieces:
     """The canonical integer tokens at `at`: `number_value` within ±2^53, else `string_value` of the
-    digits (`protobuf._set_int`). A token longer than an int64's 18 safe digits is past 2^53."""
+    digits (`protobuf._set_int`). A token longer than `INT64_SAFE_CHARS` is past 2^53."""
     chosen = tokens.take(at)
     short = pc.less_equal(pc.utf8_length(chosen), INT64_SAFE_CHARS).to_numpy(zero_copy_only=False)
     exact = pc.cast(chosen.filter(short), pa.int64()).to_numpy()
     safe = np.abs(exact) <= MAX_SAFE_INT
-    digits = np.concatenate([at[short][~safe], at[~short]])
-    return [(at[short][safe], _doubles(exact[safe].astype(np.float64))),
+    at_short = at[short]
+    digits = np.concatenate([at_short[~safe], at[~short]])
+    return [(at_short[safe], _doubles(exact[safe].astype(np.float64))),
             (digits, _delimited(_STRING, tokens.take(digits).cast(pa.large_binary())))]
 
 
