@@ -56,7 +56,9 @@ def _token(column_type: ColumnType) -> st.SearchStrategy[str]:
     elif column_type is ColumnType.JSON:
         spelled = _json_values
     else:
-        spelled = st.integers(-(2**64), 2**64)
+        # the edges the known path decides on: INT64_SAFE_CHARS (18 characters, sign included) and int64's range
+        spelled = st.integers(-(2**64), 2**64) | st.sampled_from(
+            [10**18 - 1, -(10**17) + 1, 10**18, -(10**17), 2**63 - 1, -(2**63), 2**63, 32767, 32768, -32769])
     return st.just("null") | spelled.map(gojson.encode_value) | _number_text | _odd
 
 
