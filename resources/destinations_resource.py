@@ -11,9 +11,10 @@ through the one destination factory the CLI tools use too.
 # evaluated annotation (a string one makes `configure_at_launch` fail validation).
 import dagster as dg
 
-from resources.aws_credentials import CredentialProfiles, ProfiledS3Resource
+from resources.aws_credentials import CredentialProfiles
 from resources.destinations.base import Destination
 from resources.destinations.factory import build_destination
+from resources.s3_resource import ProfiledS3Resource
 from snapshot_assets.config import TableConfig
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import dagster as dg
 
 from resources.subscribers.events import Subscriber
-from resources.subscribers.factory import build_subscriber
+from resources.subscribers.factory import feed_subscriber
 from snapshot_assets.config import TableConfig
 
 
 class SubscriberResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     def open(self, table: TableConfig) -> Subscriber:
-        """A subscriber for `table` that feeds a buffer (a copy comes in batches, `SnapshotBatch`);
-        nothing connects until its events are read."""
-        return build_subscriber(table, batched_copy=True)
+        """A subscriber for `table` that feeds a buffer (`feed_subscriber`)."""
+        return feed_subscriber(table)

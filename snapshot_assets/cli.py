@@ -17,8 +17,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-import dagster as dg
-
 from resources import stop_signals
 from resources.aws_credentials import CredentialProfiles
 from resources.destinations.base import Destination, DestinationError
@@ -36,6 +34,8 @@ from snapshot_assets.redaction import install_log_redaction, redact
 from snapshot_assets.restore.run import DEFAULT_STREAM_MAX_ROWS
 
 if TYPE_CHECKING:
+    import dagster as dg
+
     from resources.capture.settings import CaptureSettings
     from snapshot_assets.launch import Launcher
     from snapshot_assets.pipeline.table import TablePipeline
@@ -400,6 +400,8 @@ def _use_config(path: str | None) -> None:
 
 def dagster_instance() -> dg.DagsterInstance:
     """The persistent instance when DAGSTER_HOME is set (runs show in `dagster dev`), else an ephemeral one."""
+    import dagster as dg
+
     return dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
 
 
@@ -411,7 +413,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     config = load_config(args.config)
     with command_output(out, _log_path(args, lambda: default_log_path(DEFAULT_LOG_DIR.absolute(), "run-once"))) \
             as output:
-        for outcome in run_once(config, args.table, instance=dagster_instance(), force=args.force_snapshot,
+        for outcome in run_once(config, args.table, instance=dagster_instance, force=args.force_snapshot,
                                 ingest=not args.no_ingest, output=output):
             wrote = ", ".join(outcome.artifacts) or "nothing new"
             output.view.line(f"{outcome.table}: buffer at {outcome.ingested_to}, head {outcome.head or '-'}; "

@@ -17,9 +17,9 @@ The resources are the ones the assets, checks and jobs use:
 
 import dagster as dg
 
-from resources.aws_credentials import ProfiledS3Resource
 from resources.buffer_resource import ChangeBufferResource
 from resources.destinations_resource import DestinationsResource
+from resources.s3_resource import ProfiledS3Resource
 from resources.sinks_resource import EventSinksResource
 from resources.spark import SparkResource
 from resources.subscriber_resource import SubscriberResource

@@ -102,19 +102,18 @@ def _run(output: RunOutput, workdir: Path, cycles: int, per_cycle: int) -> bool:
     import dagster as dg
 
     from resources.subscribers.generator import GeneratorSubscriber
-    from snapshot_assets.definitions import defs
-    from snapshot_assets.run_once import catch_up, ingest_until_caught_up
+    from snapshot_assets.run_once import InProcessRuns, catch_up, ingest_until_caught_up
     from snapshot_assets.tables import pipeline
 
     config = load_config()
     table = config.tables[0]
-    instance = dg.DagsterInstance.get()
+    runs = InProcessRuns(dg.DagsterInstance.get)
     say = output.view.line
     say(f"demo: {table.name} from the generator, {cycles} cycles of {per_cycle} changes, "
         f"archive in {workdir / 'archive'}")
     for cycle in range(1, cycles + 1):
         ingest_until_caught_up(with_changes(table, cycle * per_cycle), view=output.view)
-        catch_up(defs, table.name, instance=instance, output=output)
+        catch_up(runs, table.name, output=output)
     key_fields = pipeline(table.name).key_fields
     reader = ArchiveReader(build_destination(table.destinations[0]), table.key_prefix, key_fields=key_fields)
     manifest = reader.load_manifest()

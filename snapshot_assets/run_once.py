@@ -11,16 +11,16 @@ status 0 means every table's archive reached its buffer's durable position. With
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import dagster as dg
+from typing import TYPE_CHECKING
 
 from resources.buffer import BufferReader
-from resources.buffer_resource import buffer_storage
+from resources.table_storage import buffer_storage
 from snapshot_assets.archive.positions import comparator, format_lsn
 from snapshot_assets.config import SnapshotterConfig, TableConfig
 from snapshot_assets.pipeline.diff_size import MeasuringSpark, diff_size
@@ -29,12 +29,33 @@ from snapshot_assets.run_output import RunOutput
 from snapshot_assets.services import ingest_table
 from snapshot_assets.spark.session import warm_local_server
 
+if TYPE_CHECKING:
+    import dagster as dg
+
 log = logging.getLogger(__name__)
 RUN_MEASURE_BUDGET_S = 300.0  # seconds `run --once` may spend measuring pending diffs (it runs Spark anyway)
 #: `source_position_now` for a PostgreSQL table without its slot: the ingest starts with a copy of the
 #: table taken after that call (an initial load, or a lost slot's re-sync), so the buffer holds
 #: everything the source had once a durable position other than the one at the start appears.
 NEXT_COPY = "the copy of the table"
+
+
+class InProcessRuns:
+    """The code location's jobs on a Dagster instance, for runs in this process: both made on the
+    first run. Why lazily: importing Dagster and the definitions, and opening an instance, take
+    seconds of a `run --once`, and a pass with nothing to write needs none of it."""
+
+    def __init__(self, instance: Callable[[], dg.DagsterInstance]) -> None:
+        self._instance = instance
+
+    @functools.cached_property
+    def instance(self) -> dg.DagsterInstance:
+        return self._instance()
+
+    def job(self, name: str) -> dg.JobDefinition:
+        from snapshot_assets.definitions import defs
+
+        return defs.resolve_job_def(name)
 
 
 @dataclass
@@ -191,7 +212,7 @@ def _durable(reader: BufferReader) -> str | None:
         return None
 
 
-def catch_up(defs: dg.Definitions, table: str, *, instance: dg.DagsterInstance, force: bool = False,
+def catch_up(runs: InProcessRuns, table: str, *, force: bool = False,
              max_artifacts: int = 10, output: RunOutput | None = None,
              measuring: MeasuringSpark | None = None) -> TableOutcome:
     """Materialize artifacts until the sensor's decision says there is nothing left to write.
@@ -211,7 +232,7 @@ def catch_up(defs: dg.Definitions, table: str, *, instance: dg.DagsterInstance, 
         nxt = pipe.decide(force=force and i == 0, diff_size=sizes)
         if nxt.kind == "none":
             break
-        job = defs.resolve_job_def("diff_job" if nxt.kind == "diff" else "snapshot_job")
+        job, instance = runs.job("diff_job" if nxt.kind == "diff" else "snapshot_job"), runs.instance
         tags = {TABLE_TAG: table, TRIGGER_TAG: nxt.trigger, FROM_TAG: nxt.from_position or "",
                 TO_TAG: nxt.to_position or ""}
         result = (output.execute(job, table, nxt, instance=instance, tags=tags) if output is not None else
@@ -225,10 +246,9 @@ def catch_up(defs: dg.Definitions, table: str, *, instance: dg.DagsterInstance, 
     return outcome
 
 
-def run_once(config: SnapshotterConfig, tables: Sequence[str] = (), *, instance: dg.DagsterInstance,
+def run_once(config: SnapshotterConfig, tables: Sequence[str] = (), *, instance: Callable[[], dg.DagsterInstance],
              force: bool = False, ingest: bool = True, output: RunOutput | None = None) -> list[TableOutcome]:
-    from snapshot_assets.definitions import defs
-
+    runs = InProcessRuns(instance)
     chosen = [config.table(t) for t in tables] if tables else list(config.tables)
     sized = any(t.policy.max_diff_bytes or t.policy.max_diff_fraction for t in chosen)
     measuring = MeasuringSpark(config.spark, budget_s=RUN_MEASURE_BUDGET_S) if sized else None
@@ -245,7 +265,7 @@ def run_once(config: SnapshotterConfig, tables: Sequence[str] = (), *, instance:
                 ingested = ingest_until_caught_up(table, view=output.view if output is not None else None,
                                                   on_pending=warm)
                 log.info("%s: buffer durable at %s", table.name, ingested)
-            outcomes.append(catch_up(defs, table.name, instance=instance, force=force, output=output,
+            outcomes.append(catch_up(runs, table.name, force=force, output=output,
                                      measuring=measuring))
     finally:
         if measuring is not None:

@@ -30,13 +30,14 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
-
-import dagster as dg
+from typing import TYPE_CHECKING, Any, TextIO
 
 from snapshot_assets.pipeline.decide import NextArtifact
 from snapshot_assets.progress import LiveView, Tasks
 from snapshot_assets.redaction import redact
+
+if TYPE_CHECKING:  # a command that starts no run (nothing to do) never imports Dagster
+    import dagster as dg
 
 #: Where a command's event log goes by default: beside the local Spark server's state, per directory.
 DEFAULT_LOG_DIR = Path(".snapshotter") / "logs"
@@ -195,6 +196,8 @@ class RunWatch:
         self.view.status(table, self.what, f"to {nxt.to_position}: {self.stage}", since=self.started)
 
     def __call__(self, entry: dg.EventLogEntry) -> None:
+        import dagster as dg  # loaded already: this is a run's event
+
         if self.event_log is not None:
             self.event_log.event(entry)
         event = entry.dagster_event

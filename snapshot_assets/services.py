@@ -13,12 +13,17 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from resources import stop_signals
-from resources.buffer_resource import ChangeBufferResource
 from resources.ingest import WRITER_POLL_S, IngestResult, run_ingest, writer_when_free
-from resources.subscriber_resource import SubscriberResource
+from resources.subscribers.factory import feed_subscriber
+from resources.table_storage import open_buffer_writer
 from snapshot_assets.config import SnapshotterConfig, TableConfig
+
+if TYPE_CHECKING:  # Dagster's resources: the CLI's ingest opens the same things without importing Dagster
+    from resources.buffer_resource import ChangeBufferResource
+    from resources.subscriber_resource import SubscriberResource
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +40,13 @@ def ingest_table(table: TableConfig, stop: threading.Event, *, subscribers: Subs
     """One table's ingest loop, until `stop` is set (or a finite source ends).
 
     The subscriber and the buffer come from the resources the ingest run was given (the Dagster
-    job's registered ones), or their defaults (the CLI).
+    job's registered ones), or, for the CLI, from the functions those resources call.
     """
-    subscriber = (subscribers or SubscriberResource()).open(table)
+    subscriber = subscribers.open(table) if subscribers is not None else feed_subscriber(table)
     try:
-        buffer = writer_when_free(lambda: (buffers or ChangeBufferResource()).open_writer(table, subscriber.ordering),
-                                  stop, poll_s=min(WRITER_POLL_S, table.buffer.lease.total_seconds() / 3),
-                                  name=table.name)
+        open_writer = buffers.open_writer if buffers is not None else open_buffer_writer
+        buffer = writer_when_free(lambda: open_writer(table, subscriber.ordering), stop,
+                                  poll_s=min(WRITER_POLL_S, table.buffer.lease.total_seconds() / 3), name=table.name)
         if buffer is None:
             return IngestResult(durable_position=None)
         with buffer:

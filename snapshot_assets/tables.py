@@ -7,15 +7,18 @@ partition when the code location reloads. Nothing here opens a connection at imp
 from __future__ import annotations
 
 import functools
-
-import dagster as dg
+from typing import TYPE_CHECKING
 
 from resources.aws_credentials import CredentialProfiles
-from resources.destinations_resource import DestinationsResource
-from resources.sinks_resource import EventSinksResource
 from snapshot_assets.config import SnapshotterConfig, load_config
 from snapshot_assets.pipeline.decide import NextArtifact
 from snapshot_assets.pipeline.table import TablePipeline
+
+if TYPE_CHECKING:  # Dagster is imported where it is used: `status` and a `run --once` with nothing to do need none
+    import dagster as dg
+
+    from resources.destinations_resource import DestinationsResource
+    from resources.sinks_resource import EventSinksResource
 
 PARTITION_TAG = "dagster/partition"  # Dagster's own: the table of an artifact run (the run queue's one-per-table key)
 TABLE_TAG = "snapshotter/table"
@@ -39,6 +42,8 @@ def config() -> SnapshotterConfig:
 
 
 def partitions() -> dg.StaticPartitionsDefinition:
+    import dagster as dg
+
     return dg.StaticPartitionsDefinition([t.name for t in config().tables])
 
 

@@ -20,13 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from resources.aws_credentials import S3_TIMEOUTS, CredentialProfiles, ProfiledS3Resource, Timeouts
+from resources.aws_credentials import S3_TIMEOUTS, CredentialProfiles, Timeouts
 from resources.destinations.base import Destination
 from resources.destinations.local import LocalDestination
 from resources.destinations.s3 import S3Destination
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
+
+    from resources.s3_resource import ProfiledS3Resource
 
 _COMMON_KEYS = frozenset({"type", "name", "credentials"})
 _LOCAL_KEYS = frozenset({"path"})
@@ -101,8 +103,13 @@ def _optional_flag(spec: Mapping[str, Any], key: str) -> bool | None:
     return None if spec.get(key) is None or spec.get(key) == "" else _flag(spec, key)
 
 
-def _s3_client(spec: Mapping[str, Any], profiles: CredentialProfiles | None, s3: ProfiledS3Resource) -> S3Client:
-    """The destination's client from the `s3` resource: the spec's keys first, the resource's settings after."""
+def _s3_client(spec: Mapping[str, Any], profiles: CredentialProfiles | None, s3: ProfiledS3Resource | None) -> S3Client:
+    """The destination's client from the `s3` resource (its defaults when None): the spec's keys first,
+    the resource's settings after."""
+    if s3 is None:
+        from resources.s3_resource import ProfiledS3Resource  # imports dagster-aws: only for an s3 destination
+
+        s3 = ProfiledS3Resource()
     component = f"s3 destination s3://{_required(spec, 'bucket')}/{_optional(spec, 'prefix') or ''}"
     client: S3Client = s3.destination_client(
         profiles if profiles is not None else CredentialProfiles.shared(), component=component,
@@ -135,7 +142,7 @@ def build_destination(spec: Mapping[str, Any], *, s3_client: S3Client | None = N
     if unknown:
         raise ValueError(f"{kind} destination: unknown keys {unknown} (known: {sorted(_KNOWN_KEYS)})")
     if kind == "s3":
-        client = s3_client or _s3_client(spec, profiles, s3 if s3 is not None else ProfiledS3Resource())
+        client = s3_client if s3_client is not None else _s3_client(spec, profiles, s3)
         return _build_s3(spec, client, profiles)
     return builder(spec, s3_client)
 

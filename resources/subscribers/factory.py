@@ -61,3 +61,9 @@ def build_subscriber(table: TableConfig, *, batched_copy: bool = False) -> Subsc
                                 client_id=src.client_id or f"snapshotter-{src.qualified_table}",
                                 key_fields=table.key_fields, tls=src.tls)
     raise ValueError(f"unknown source type {src.type!r}")
+
+
+def feed_subscriber(table: TableConfig) -> Subscriber:
+    """A subscriber for `table` that feeds a change buffer (a copy comes in batches, `SnapshotBatch`);
+    nothing connects until its events are read. The `subscribers` resource and the CLI's ingest open it."""
+    return build_subscriber(table, batched_copy=True)

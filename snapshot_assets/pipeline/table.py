@@ -26,12 +26,12 @@ from typing import Any
 
 from resources.aws_credentials import CredentialProfiles
 from resources.buffer import BufferReader
-from resources.buffer_resource import buffer_storage, work_root
 from resources.destinations.base import Destination
 from resources.destinations.factory import build_destination
 from resources.sinks.base import EventSink
 from resources.sinks.factory import build_sink
 from resources.subscribers.errors import KeyMismatch
+from resources.table_storage import buffer_storage, work_root
 from snapshot_assets.archive import keys
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.archive.manifest import Artifact, Manifest, utc_now

@@ -15,14 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from resources.aws_credentials import (
-    AwsCredentialsResource,
-    CredentialProfiles,
-    ProfiledS3Resource,
-    ProfileError,
-)
+from resources.aws_credentials import CredentialProfiles, ProfileError
 from resources.destinations.base import DestinationError
 from resources.destinations.factory import build_destination
+from resources.s3_resource import AwsCredentialsResource, ProfiledS3Resource
 from resources.sinks.base import SinkError
 from resources.sinks.factory import build_sink
 from snapshot_assets.config import ConfigError, CredentialProfile, parse_config

@@ -118,6 +118,28 @@ def test_run_once_on_a_terminal_redraws_one_line(work: Path) -> None:
     assert_dagster_events(event_log(screen[0]), "snapshot_job")
 
 
+# Runs `snapshotter run --once` in a fresh interpreter and prints which heavy packages it imported.
+_IMPORTED = """
+import sys
+from snapshot_assets.cli import main
+code = main(sys.argv[1:])
+print("imported:", sorted({m.split(".")[0] for m in sys.modules} & {"dagster", "dagster_aws", "pyspark"}))
+sys.exit(code)
+"""
+
+
+def test_run_once_with_nothing_to_do_imports_neither_dagster_nor_spark(work: Path) -> None:
+    """After the runs above the archive is at the buffer's head: the pass ingests nothing new,
+    decides there is nothing to write, and never loads Dagster, dagster-aws or PySpark (seconds
+    of imports every such run would pay: the fixed cost in docs/benchmarks.md)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _IMPORTED, "run", "--once", "--config", str(work / "run.conf")],
+                          cwd=work, env=e2e_env(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = results(done.stdout.splitlines()[1:], time.monotonic() - started)
+    assert lines[-2].startswith(f"{TABLE}: buffer at ") and lines[-2].endswith("wrote nothing new"), lines
+    assert lines[-1] == "imported: []", lines
+
 def test_demo_is_compact_and_says_what_it_leaves_running(work: Path) -> None:
     """The quick start's demo (five cycles, one re-base) reusing the warm server of the tests above."""
     done, seconds = run(work, "demo", "--dir", str(work / "demo"))
