@@ -43,16 +43,20 @@ NEXT_COPY = "the copy of the table"
 class InProcessRuns:
     """The code location's jobs on a Dagster instance, for runs in this process: both made on the
     first run. Why lazily: importing Dagster and the definitions, and opening an instance, take
-    seconds of a `run --once`, and a pass with nothing to write needs none of it."""
+    seconds of a `run --once`, and a pass with nothing to write needs none of it. `warm` (called
+    before each job is looked up; once is enough for it) starts what the run will need and can boot
+    on its own meanwhile: the local Spark server's JVM, on the other core, while Dagster imports."""
 
-    def __init__(self, instance: Callable[[], dg.DagsterInstance]) -> None:
+    def __init__(self, instance: Callable[[], dg.DagsterInstance], warm: Callable[[], None] = lambda: None) -> None:
         self._instance = instance
+        self._warm = warm
 
     @functools.cached_property
     def instance(self) -> dg.DagsterInstance:
         return self._instance()
 
     def job(self, name: str) -> dg.JobDefinition:
+        self._warm()
         from snapshot_assets.definitions import defs
 
         return defs.resolve_job_def(name)
@@ -248,15 +252,16 @@ def catch_up(runs: InProcessRuns, table: str, *, force: bool = False,
 
 def run_once(config: SnapshotterConfig, tables: Sequence[str] = (), *, instance: Callable[[], dg.DagsterInstance],
              force: bool = False, ingest: bool = True, output: RunOutput | None = None) -> list[TableOutcome]:
-    runs = InProcessRuns(instance)
     chosen = [config.table(t) for t in tables] if tables else list(config.tables)
     sized = any(t.policy.max_diff_bytes or t.policy.max_diff_fraction for t in chosen)
     measuring = MeasuringSpark(config.spark, budget_s=RUN_MEASURE_BUDGET_S) if sized else None
     warming: list[threading.Thread | None] = []
 
-    def warm() -> None:  # the Spark server boots while the changes come in (once per command)
+    def warm() -> None:  # the Spark server boots while the changes come in, or Dagster imports (once)
         if not warming:
             warming.append(warm_local_server(config.spark))
+
+    runs = InProcessRuns(instance, warm)
 
     outcomes = []
     try:
