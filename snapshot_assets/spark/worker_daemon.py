@@ -20,7 +20,12 @@ import pyspark.daemon
 import pyspark.sql.pandas.serializers  # the Arrow UDF serializers every task uses
 import pyspark.worker
 
-import snapshot_assets.spark  # noqa: F401 - imports every module whose functions the tasks run
+# Every module whose functions the tasks run (the builds' entry modules import the rest); the
+# package itself imports nothing, so they are named here.
+import snapshot_assets.spark.assemble
+import snapshot_assets.spark.diff
+import snapshot_assets.spark.reconstruct
+import snapshot_assets.spark.snapshot  # noqa: F401
 
 if __name__ == "__main__":
     pyspark.daemon.manager()
