@@ -2,8 +2,8 @@
 dagster-aws's S3Resource signed as a profile (`s3`, registered in the code location's Definitions).
 
 A module of its own because importing dagster-aws costs a second or more (it loads Dagster's
-components and storage modules): the command line's paths that never start a Dagster run (a
-`run --once` with nothing to do, `status`, `inspect`) use the profiles without paying for it.
+components and storage modules): the command line's paths that start no Dagster run (a
+`run --once` with nothing to write, `inspect`) use the profiles without paying for it.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from snapshot_assets.config import SnapshotterConfig, load_config
 from snapshot_assets.pipeline.decide import NextArtifact
 from snapshot_assets.pipeline.table import TablePipeline
 
-if TYPE_CHECKING:  # Dagster is imported where it is used: `status` and a `run --once` with nothing to do need none
+if TYPE_CHECKING:  # Dagster is imported where it is used: a `run --once` with nothing to write needs none
     import dagster as dg
 
     from resources.destinations_resource import DestinationsResource
