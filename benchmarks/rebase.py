@@ -32,11 +32,11 @@ every 0.2 s from /proc), and of the local Spark Connect server the first run sta
 reuse: its JVM's VmHWM (reset before each run) and its session (JVM + Python workers, sampled).
 Every step records the 1-minute load average at its start and its maximum during the step, since
 other work may share the machine. Where the time goes comes from the run's own log: process start
-(launch to the first log line: interpreter, the command's own imports), ingest (catch-up to the
-source position), the Spark session, the Spark build (the build's own log line), the rest of the
-artifact step (assembly and upload), the manifest step (commit), and the remainder (importing
-Dagster and the code location, which a run does only once it has something to write; Dagster's
-run bookkeeping; the decision).
+(launch to the first log line: interpreter and imports; a run with `--no-ingest` logs first once it
+has imported Dagster), ingest (catch-up to the source position), the Spark session, the Spark build
+(the build's own log line), the rest of the artifact step (assembly and upload), the manifest step
+(commit), and the remainder (importing Dagster and the code location after the ingest, which a run
+does only once it has something to write; Dagster's run bookkeeping; the decision).
 
 Prints the table and writes the section `## Re-base: run --once against DuckDB and delta-rs (N rows)`
 of docs/benchmarks.md (only that section: each table size keeps its own, so 1M and 10M sit side by
@@ -677,10 +677,11 @@ def render(args: argparse.Namespace, facts: str, initial: Initial, delta_init: S
         "(10,000,000 rows within 10% of 1,000,000) compares the sections of two runs.",
         "",
         "Where the time of each run went (seconds, from the run's log: process start = launch to the first log "
-        "line; ingest = catch-up to the source position; session = Spark session; spark build = the build's "
-        "Spark job; upload = the rest of the artifact step; commit = the manifest step; asset checks = the "
-        "manifest's checks; other = importing Dagster and the code location (only a run with something to "
-        "write does), Dagster's run bookkeeping, the decision and the remainder):",
+        "line, which a re-base without ingest writes after importing Dagster; ingest = catch-up to the source "
+        "position; session = Spark session; spark build = the build's Spark job; upload = the rest of the "
+        "artifact step; commit = the manifest step; asset checks = the manifest's checks; other = importing "
+        "Dagster and the code location (only a run with something to write does), Dagster's run bookkeeping, "
+        "the decision and the remainder):",
         "",
         f"- initial snapshot: {phase_text(ours)}",
         f"- fixed cost: {phase_text(fixed_step)}",
