@@ -1,8 +1,8 @@
 """Where a table's working files live: its working root (a local directory or an S3 prefix,
 `buffer.path`) and its change buffer under it.
 
-Apart from the `change_buffers` Dagster resource (buffer_resource.py) so that the paths which only
-read a table's buffer (the decision, `status`, a `run --once` with nothing to do) need no Dagster.
+Apart from the `change_buffers` Dagster resource (buffer_resource.py) so that the paths which start
+no Dagster run (the CLI's ingest, the decision, a `run --once` with nothing to write) need no Dagster.
 """
 
 from __future__ import annotations
