@@ -61,12 +61,20 @@ LOCAL_DEFAULTS: Mapping[str, str] = {
     "spark.sql.adaptive.enabled": "true",
     "spark.python.worker.reuse": "true",
 }
-#: Settings every session gets, local or remote (`spark.conf` overrides them). The typed-columns
-#: projection of a parquet artifact (spark/parquet_artifact.py) compiles to whole-stage methods past
-#: 8,000 bytecode bytes, which HotSpot never JIT-compiles: they ran interpreted, 16.8 s for 1,000,000
-#: rows of 8 columns. Above this limit Spark generates per-expression code instead: 6.6 s.
+#: Settings every session gets, local or remote (`spark.conf` overrides them).
+#: - hugeMethodLimit: the typed-columns projection of a parquet artifact (spark/parquet_artifact.py)
+#:   compiles to whole-stage methods past 8,000 bytecode bytes, which HotSpot never JIT-compiles: they
+#:   ran interpreted, 16.8 s for 1,000,000 rows of 8 columns. Above this limit Spark generates
+#:   per-expression code instead: 6.6 s.
+#: - dataFrameDebugging: on a classic session pyspark wraps every DataFrame and Column call to record
+#:   the Python call site in the JVM (an active-session lookup, a class lookup, a settings read and two
+#:   more calls through py4j each time). The jobs build their plans from thousands of such calls: off,
+#:   a chain of 8 builds (tests/spark/test_cluster_build.py) made 11,543 py4j calls instead of 23,337.
+#:   An error then names the failing expression without the Python line that built it. (On a Connect
+#:   session the wrapper records call sites on the client and makes no extra calls to the server.)
 SESSION_DEFAULTS: Mapping[str, str] = {
     "spark.sql.codegen.hugeMethodLimit": "8000",
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 #: Settings that only take effect when a JVM starts (server command line / classic builder).
 _STATIC_PREFIXES = ("spark.driver.", "spark.executor.", "spark.ui.", "spark.master", "spark.jars",
