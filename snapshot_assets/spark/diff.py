@@ -141,7 +141,7 @@ def _build(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_p
         written = write_diff(net, schema or infer_row_schema(net, texts=("old", "new")),
                              None if sent is not None else staging.path / "parquet" / "diff.parquet", fields,
                              truncated=window.truncated, uploads=sent,
-                             new_cells=TYPED_COLUMN if typed is not None else None)
+                             new_cells=TYPED_COLUMN if typed is not None else None, befores=window.befores)
         if encoded and written.rows != count:
             raise RuntimeError(f"the parquet diff holds {written.rows} changes, the other formats {count}")
         staged["parquet"], count = StagedFormat("parquet", (written.path,), written.bytes), written.rows

@@ -88,6 +88,7 @@ STATE_DDL = ddl_of(STATE_ARROW)
 VERSION_SQL = (f"concat_ws('{versions.SEP}', position, coalesce(commit_time, ''), "
                f"IF(action = 'SNAPSHOT', '{versions.COPY}', '{versions.CHANGE}'))")
 _CHANGES = "action IN ('INSERT', 'UPDATE', 'DELETE')"
+_BEFORE = "action IN ('UPDATE', 'DELETE') OR (action = 'INSERT' AND old IS NOT NULL)"  # a change with a before-image
 
 EffectRow = tuple[str | None, int, bool | None, str | None, bool | None, bool | None, str | None, str | None,
                   str | None, str | None]
@@ -237,7 +238,9 @@ class WindowFacts:
     `cuts` is a tiny local frame (scope columns, `cut`: the last TRUNCATE's seq or null) that
     `after_cut` joins; the flags say whether any change after the cut may need a step: `partial`
     a before-image from the base, `unnamed` a net DELETE named from its first after-image (an
-    UPDATE whose before-image lacks a key field), `gaps` a fill, `legacy` an upgrade.
+    UPDATE whose before-image lacks a key field), `gaps` a fill, `legacy` an upgrade; and
+    `befores` whether any net change can have a before-image at all (false: INSERTs only, none
+    carrying an old image, as an append-only table's windows are).
     """
 
     cuts: DataFrame
@@ -247,6 +250,7 @@ class WindowFacts:
     gaps: bool
     legacy: bool
     truncate_version: str | None = None  # the version of the last TRUNCATE (one scope: production)
+    befores: bool = True
 
 
 def window_facts(rows: DataFrame, scope: Sequence[str] = ()) -> WindowFacts:
@@ -263,6 +267,7 @@ def window_facts(rows: DataFrame, scope: Sequence[str] = ()) -> WindowFacts:
         .alias("unnamed"),
         F.max(F.when(F.col("unchanged").isNotNull(), seq)).alias("gap"),
         F.max(F.when(F.expr(_CHANGES) & F.col("change_key").isNull(), seq)).alias("legacy"),
+        F.max(F.when(F.expr(_BEFORE), seq)).alias("before"),
         F.max_by(F.expr(VERSION_SQL), F.when(F.col("action") == "TRUNCATE", seq)).alias("truncate_version"),
     ).collect()
 
@@ -273,7 +278,8 @@ def window_facts(rows: DataFrame, scope: Sequence[str] = ()) -> WindowFacts:
     cuts = rows.sparkSession.createDataFrame([(*(r[c] for c in scope), r["cut"]) for r in facts], schema)
     truncates = [r["truncate_version"] for r in facts if r["cut"] is not None]
     return WindowFacts(cuts, any(r["cut"] is not None for r in facts), any_after("partial"), any_after("unnamed"),
-                       any_after("gap"), any_after("legacy"), truncates[0] if len(truncates) == 1 else None)
+                       any_after("gap"), any_after("legacy"), truncates[0] if len(truncates) == 1 else None,
+                       any_after("before"))
 
 
 def after_cut(rows: DataFrame, facts: WindowFacts, scope: Sequence[str] = ()) -> DataFrame:

@@ -558,12 +558,17 @@ def written_key(old: Column, new: Column, schema: RowSchema, key_fields: Sequenc
 
 
 def diff_frame(net: DataFrame, schema: RowSchema, key_fields: Sequence[str], *, truncated: bool,
-               new_cells: str | None = None) -> DataFrame:
+               new_cells: str | None = None, befores: bool = True) -> DataFrame:
     """The diff layout (action, key, old, new) of NET_DDL rows, with `__order`/`__key` to sort by:
     a TRUNCATE first when `truncated`, then the changes by their typed key. `new_cells` names a
     column of `net` holding the new images typed for `schema` already (the delta's TYPED_COLUMN):
-    they are not typed again."""
-    images = with_image(net, F.col("old"), schema, F.col("key"), "__old")
+    they are not typed again. `befores=False` says no change has a before-image (a window of
+    INSERTs only, `effects.WindowFacts.befores`): `old` is then null without typing projections,
+    which are half of a small diff's planning and code generation."""
+    if befores:
+        images = with_image(net, F.col("old"), schema, F.col("key"), "__old")
+    else:
+        images = net.withColumn("__old", F.lit(None).cast(image_type(schema)))
     images = images.withColumnRenamed(new_cells, "__new") if new_cells is not None else \
         with_image(images, F.col("new"), schema, F.col("key"), "__new")
     old, new = F.col("__old"), F.col("__new")
@@ -581,9 +586,10 @@ def diff_frame(net: DataFrame, schema: RowSchema, key_fields: Sequence[str], *, 
 
 
 def write_diff(net: DataFrame, schema: RowSchema, out_path: Path | str | None, key_fields: Sequence[str], *,
-               truncated: bool, uploads: Uploads | None = None, new_cells: str | None = None) -> WrittenParquet:
+               truncated: bool, uploads: Uploads | None = None, new_cells: str | None = None,
+               befores: bool = True) -> WrittenParquet:
     """A diff artifact from net changes (NET_DDL: key, action, change_key, old, new as Go-JSON texts;
-    `new_cells`: as for `diff_frame`)."""
+    `new_cells` and `befores`: as for `diff_frame`)."""
     check_names(net.sparkSession, schema.names)
-    frame = diff_frame(net, schema, key_fields, truncated=truncated, new_cells=new_cells)
+    frame = diff_frame(net, schema, key_fields, truncated=truncated, new_cells=new_cells, befores=befores)
     return write_parquet_file(frame, out_path, order=("__order", "__key"), uploads=uploads)

@@ -52,11 +52,13 @@ from snapshot_assets.spark.locations import Location
 @dataclass(frozen=True, slots=True)
 class NetWindow:
     """The net changes of a window (NET_DDL rows) and whether it held a TRUNCATE (written first),
-    with the version of that TRUNCATE (archive/versions.py)."""
+    with the version of that TRUNCATE (archive/versions.py); `befores` is false when no net change
+    has a before-image (`effects.WindowFacts.befores`)."""
 
     net: DataFrame
     truncated: bool
     truncate_version: str | None = None
+    befores: bool = True
 
 
 def net_window(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, key_fields: Sequence[str], *,
@@ -83,7 +85,7 @@ def net_window(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     if facts.unnamed:  # net_rows reads it twice
         folded = materialize(folded, scratch / "folded")
     net = with_versions(net_rows(folded, fields, unnamed=facts.unnamed), changes)
-    return NetWindow(net, facts.truncated, facts.truncate_version)
+    return NetWindow(net, facts.truncated, facts.truncate_version, facts.befores)
 
 
 def advance(spark: SparkSession, base: Base, segments: Sequence[SegmentRef], key_fields: Sequence[str], *,

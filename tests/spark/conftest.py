@@ -68,8 +68,11 @@ class Generated:
 
 def generate(root: Path, seed: int, *, rows: int = 150, changes: int = 1500, truncate: float = 0.0,
              pk_change: float = 0.08, resync_every: int = 0, seal_changes: int = 200,
-             tx_size: tuple[int, int] = (1, 8), identity: str = "full") -> Generated:
-    mix = {"insert": 0.3, "update": 0.5, "delete": 0.15, "truncate": truncate}
+             tx_size: tuple[int, int] = (1, 8), identity: str = "full",
+             mix: dict[str, float] | None = None) -> Generated:
+    """A generated stream sealed into a buffer at `root`; `mix` (the generator's action weights)
+    defaults to mostly updates, some inserts and deletes, and TRUNCATEs at the `truncate` weight."""
+    mix = mix or {"insert": 0.3, "update": 0.5, "delete": 0.15, "truncate": truncate}
     gen = GeneratorSubscriber(TABLE, seed=seed, rows=rows, changes=changes, mix=mix, pk_change=pk_change,
                               resync_every=resync_every, tx_size=tx_size, hot_keys=0.2, hot_share=0.6,
                               identity=identity)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import functions as F
 
 from resources.subscribers.generator import KEY_FIELDS
 from snapshot_assets.archive.algebra import collapse
@@ -15,7 +16,15 @@ from snapshot_assets.archive.changes import Action, Change
 from snapshot_assets.archive.formats import FORMATS
 from snapshot_assets.spark.bases import EmptyBase
 from snapshot_assets.spark.diff import build_diff
-from snapshot_assets.spark.effects import WINDOW_CHANGES_CONF, WINDOW_CHANGES_PER_PARTITION, window_partitions
+from snapshot_assets.spark.effects import (
+    WINDOW_CHANGES_CONF,
+    WINDOW_CHANGES_PER_PARTITION,
+    read_window,
+    window_facts,
+    window_partitions,
+)
+from snapshot_assets.spark.parquet_artifact import infer_row_schema, write_diff
+from snapshot_assets.spark.window import net_window
 from tests.spark.conftest import (
     ALL_FORMATS,
     Generated,
@@ -91,6 +100,33 @@ def test_segments_older_than_the_derived_columns_give_the_same_diff(spark: Any, 
         pq.write_table(old.replace_schema_metadata(table.schema.metadata), ref.path)
     assert pq.read_schema(g.reader.all_segments()[-1].path).names[-1] == "unchanged"
     check_diff(spark, g, g.boundaries[2], g.boundaries[-1], tmp_path / "staging")
+
+
+def test_an_insert_only_window_types_no_before_images_and_writes_the_same_parquet(spark: Any, tmp_path: Path) -> None:
+    """An append-only table's window (INSERTs only): its facts say no net change has a before-image,
+    so the parquet diff leaves out the typing of `old` (half its plan), and its bytes are those of
+    the diff typed in full. A window with an UPDATE, or an INSERT carrying an old image, says it may."""
+    g = generate(tmp_path / "buffer", 17, rows=40, changes=300, pk_change=0.0,
+                 mix={"insert": 1.0, "update": 0.0, "delete": 0.0, "truncate": 0.0})
+    lo, hi = g.resyncs[0], g.boundaries[-1]
+    check_diff(spark, g, lo, hi, tmp_path / "staging")
+    segments = g.reader.segments(lo, hi)
+    rows = read_window(spark, segments)
+    assert not window_facts(rows).befores
+    first = rows.agg(F.min("seq")).first()[0]
+    with_old = rows.withColumn("old", F.when(F.col("seq") == first, F.col("new")).otherwise(F.col("old")))
+    assert window_facts(with_old).befores
+    mixed = generate(tmp_path / "mixed", 17, rows=40, changes=300)
+    assert window_facts(read_window(spark, mixed.reader.segments(mixed.resyncs[0], mixed.boundaries[-1]))).befores
+
+    window = net_window(spark, segments, EmptyBase(lo), KEY_FIELDS, partitions=3, scratch=tmp_path / "scratch")
+    assert not window.befores
+    net = window.net.cache()
+    schema = infer_row_schema(net, texts=("old", "new"))
+    written = [write_diff(net, schema, tmp_path / f"{befores}.parquet", KEY_FIELDS, truncated=False, befores=befores)
+               for befores in (True, False)]
+    assert written[0].rows == written[1].rows == net.count() > 0
+    assert Path(str(written[0].path)).read_bytes() == Path(str(written[1].path)).read_bytes()
 
 
 def test_empty_window_stages_nothing(spark: Any, tmp_path: Path) -> None:
