@@ -8,6 +8,7 @@ missing object) ends with exit status 1 and one line on stderr naming it, never 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -648,5 +649,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return 1
 
 
+def console() -> int:
+    """The `snapshotter` command: `main`, then the interpreter's exit without its last collections.
+
+    Why: once Dagster and the code location are imported, the interpreter's shutdown spends about
+    0.6 s (measured on a forced re-base, a third of its fixed cost) in the cyclic garbage collector
+    walking objects the process is about to hand back to the OS anyway. Freezing them first skips
+    that walk; reference counting still finalizes what it always does, and atexit handlers run as
+    before. Only for the command itself: a process that calls `main` and goes on living keeps its
+    collector."""
+    try:
+        return main()
+    finally:
+        gc.freeze()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

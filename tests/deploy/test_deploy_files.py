@@ -131,7 +131,7 @@ def check_command(argv: list[str], instructions: list[Instruction], what: str) -
         return {"conf": dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--conf")}
     (script,) = entry_points(group="console_scripts", name=program) or pytest.fail(f"{what}: {program} not installed")
     if program == "snapshotter":
-        assert script.value == "snapshot_assets.cli:main", script.value
+        assert script.value == "snapshot_assets.cli:console", script.value
         try:
             namespace: argparse.Namespace = build_parser().parse_args(args)
         except SystemExit:
