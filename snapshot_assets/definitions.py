@@ -37,10 +37,12 @@ from snapshot_assets.capture.resource import CaptureResource
 from snapshot_assets.groups.jobs import group_cut_job, reconstruct_group_job
 from snapshot_assets.handoff import ArtifactIOManager
 from snapshot_assets.jobs import diff_job, force_snapshot, ingest_job, reconstruct_job, restore, snapshot_job
+from snapshot_assets.process_exit import skip_final_collection
 from snapshot_assets.redaction import install_log_redaction
 from snapshot_assets.tables import config
 
 install_log_redaction()  # every Dagster process of the code location (server, daemon, runs) imports this
+skip_final_collection()  # the same processes exit without their last collections (process_exit.py)
 
 
 def resources() -> dict[str, object]:

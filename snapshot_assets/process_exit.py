@@ -1,0 +1,25 @@
+"""A process that loaded Dagster exits without the interpreter's last garbage collections.
+
+Why: once Dagster and the code location are imported, the interpreter's shutdown spends about
+0.6 s in the cyclic garbage collector walking objects the process is about to hand back to the OS
+anyway (measured: importing the definitions and exiting, 1.80 s; the same with the collector frozen
+at exit, 1.18 s). Every `snapshotter` command and every Dagster run worker pays it once per process,
+which is a fifth of a small re-base. Freezing the collector as the last exit handler skips that walk;
+reference counting still finalizes what it always does, and the other exit handlers (registered
+after this one) run first, as before. Nothing changes while the process lives.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+
+_installed = False
+
+
+def skip_final_collection() -> None:
+    """Freeze the collector when the process exits (once per process, however often called)."""
+    global _installed
+    if not _installed:
+        _installed = True
+        atexit.register(gc.freeze)
