@@ -123,7 +123,8 @@ def _build(context: dg.AssetExecutionContext, spark: SparkResource, destinations
         "spark_s": round(built.seconds, 3),
         "spark_mode": spark.mode,
     }
-    for name in ("mode", "shuffle", "buckets", "rewritten"):  # a snapshot build: full or incremental, and how
+    # a snapshot build: full or incremental, and how; a diff build: whether its window had before-images
+    for name in ("mode", "shuffle", "buckets", "rewritten", "before_images"):
         if name in built.details:
             metadata[f"build_{name}"] = built.details[name]
     pin = pin_of(art)

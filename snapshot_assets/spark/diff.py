@@ -66,7 +66,9 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
 
     `base` is the table at the diff's `from` (the images the window's changes omit come from it);
     the net changes are written to `delta_dir` (the state's step to `to_position`, see
-    `bases.DeltaSet`) and the parts are encoded from there. `details["delta"]` is that DeltaSet.
+    `bases.DeltaSet`) and the parts are encoded from there. `details["delta"]` is that DeltaSet;
+    `details["before_images"]` whether any net change can have one (false: INSERTs only,
+    `effects.WindowFacts.befores`).
     `partitions` is the shuffle width (default `effects.window_partitions`); `state_formats` are the
     snapshot formats the delta's new images are encoded for (`state.encode_net`), so the next
     snapshot merges their bytes instead of encoding them; `schema` types the parquet diff (None:
@@ -106,8 +108,10 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
             uploads.abort()
         raise
     built = replace(built, seconds=time.monotonic() - started)
-    log.info("diff (%s, %s]: %d net changes%s from %d segments in %.2fs", from_position, to_position, built.count,
-             " (TRUNCATE first)" if built.truncated else "", len(segments), built.seconds)
+    log.info("diff (%s, %s]: %d net changes%s%s from %d segments in %.2fs", from_position, to_position, built.count,
+             " (TRUNCATE first)" if built.truncated else "",
+             "" if built.details["before_images"] else " (INSERTs only: no before-images)", len(segments),
+             built.seconds)
     return built
 
 
@@ -146,4 +150,5 @@ def _build(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, to_p
             raise RuntimeError(f"the parquet diff holds {written.rows} changes, the other formats {count}")
         staged["parquet"], count = StagedFormat("parquet", (written.path,), written.bytes), written.rows
     return BuiltArtifact("diff", from_position, to_position, count, staged, window.truncated, 0.0,
-                         {"segments": len(segments), "partitions": width, "delta": delta}, uploads, sidecars)
+                         {"segments": len(segments), "partitions": width, "delta": delta,
+                          "before_images": window.befores}, uploads, sidecars)
