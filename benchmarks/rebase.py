@@ -77,7 +77,7 @@ from deltalake import DeltaTable, write_deltalake  # noqa: E402
 from benchmarks.ingest import private_cluster  # noqa: E402
 from benchmarks.pipeline import _status_kb, machine_facts, mib, reset_peak_rss, session_rss_kb  # noqa: E402
 from benchmarks.report import DOCS, write_section  # noqa: E402
-from snapshot_assets.config import load_config  # noqa: E402
+from snapshot_assets.config import SparkConfig, load_config  # noqa: E402
 from snapshot_assets.pipeline.table import TablePipeline  # noqa: E402
 from snapshot_assets.spark.connect_server import (  # noqa: E402
     class_archive,
@@ -91,7 +91,7 @@ from snapshot_assets.spark.server_memory import (  # noqa: E402
     OVERHEAD_KEY,
     memory_budget_mib,
 )
-from snapshot_assets.spark.session import LOCAL_DEFAULTS  # noqa: E402
+from snapshot_assets.spark.session import LOCAL_DEFAULTS, warm_local_server  # noqa: E402
 from tests.e2e.conftest import e2e_env  # noqa: E402
 from tests.pg.conftest import PgCluster  # noqa: E402
 
@@ -535,6 +535,31 @@ class Initial:
         return ratios[len(ratios) // 2]
 
 
+def prime_class_archive(scratch: Path) -> float | None:
+    """When the host has no class-data archive yet, start a local Spark Connect server as a run does
+    and stop it, which writes one; the seconds its start took (None: nothing to prime).
+
+    Why: the first server a host ever starts has no archive to map and boots about 3 s slower; it
+    writes the archive as it ends. Without this, the first pairs of a fresh host's run would each
+    pay that once-per-host cost (their servers overlap, so none maps the other's), and the median
+    would report it as every initial snapshot's."""
+    archive = class_archive(pyspark_home())
+    if archive is None or archive.is_file():
+        return None
+    started = time.perf_counter()
+    try:
+        warm = warm_local_server(SparkConfig(), scratch)
+        if warm is not None:
+            warm.join()
+        seconds = time.perf_counter() - started
+    finally:
+        stop_local_connect_server(scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
+    if not archive.is_file():
+        raise RuntimeError(f"a server started and stopped without writing the class-data archive {archive}")
+    return seconds
+
+
 def fresh_initial(work: Path, cluster: PgCluster, source: Source, bucket_size: str, index: int) -> Step:
     """One more initial snapshot of the table, as a new user's first run: its own slot, buffer,
     archive and Spark Connect server (stopped, and the slot dropped, after)."""
@@ -717,9 +742,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rows must be at least 10,000 and --repeat at least 1")
     started = time.perf_counter()
     archive = class_archive(pyspark_home())
-    facts = machine_facts() + ("; the Spark Connect server's JVM maps the class-data archive an earlier server "
-                               "wrote" if archive is not None and archive.is_file() else
-                               "; no JVM class-data archive at the start (the first server writes it as it ends)")
+    primed = prime_class_archive(Path(tempfile.mkdtemp(prefix="bench-rebase-prime-")))
+    if primed is not None:
+        jvm = (f"; no JVM class-data archive on the host at the start: a server started ({primed:.1f} s, a host's "
+               "first start) and stopped before the measurements wrote it, and every measured server maps it, as "
+               "every server after a host's first does")
+    elif archive is not None and archive.is_file():
+        jvm = "; the Spark Connect server's JVM maps the class-data archive an earlier server wrote"
+    else:
+        jvm = "; no JVM class-data archive (no JVM found to name one)"
+    facts = machine_facts() + jvm
     print(f"{facts}\nload average at start: {os.getloadavg()[0]:.1f}", flush=True)
     with workspace(args.keep) as work, private_cluster() as cluster:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanups on a kill
