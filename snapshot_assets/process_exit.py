@@ -7,6 +7,11 @@ at exit, 1.18 s). Every `snapshotter` command and every Dagster run worker pays 
 which is a fifth of a small re-base. Freezing the collector as the last exit handler skips that walk;
 reference counting still finalizes what it always does, and the other exit handlers (registered
 after this one) run first, as before. Nothing changes while the process lives.
+
+The cost: an object that only that last collection would have finalized (garbage in a reference
+cycle at exit) is not finalized. Nothing durable may depend on it anyway: the project writes and
+commits through `with` blocks and explicit closes (an object is durable once its `put` returns,
+a buffer segment once sealed), and the interpreter never promised to finalize everything at exit.
 """
 
 from __future__ import annotations
