@@ -160,10 +160,9 @@ def _status_kb(pid: int, key: str) -> int:
     return 0
 
 
-def session_rss_kb(session: int) -> int:
-    """The summed VmRSS of every process in session `session`: the server JVM, started in a session of its
-    own, and its Python workers (whose daemon makes its own process group, but stays in the session)."""
-    total = 0
+def session_pids(session: int) -> list[int]:
+    """Every process in session `session` (a process the kernel lists but ends meanwhile is left out)."""
+    pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -173,8 +172,28 @@ def session_rss_kb(session: int) -> int:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         if len(fields) > 3 and int(fields[3]) == session:
-            total += _status_kb(int(entry.name), "VmRSS")
-    return total
+            pids.append(int(entry.name))
+    return pids
+
+
+def session_rss_kb(session: int) -> int:
+    """The summed VmRSS of every process in session `session`: the server JVM, started in a session of its
+    own, and its Python workers (whose daemon makes its own process group, but stays in the session)."""
+    return sum(_status_kb(pid, "VmRSS") for pid in session_pids(session))
+
+
+def pss_kb(pid: int) -> int:
+    """`pid`'s proportional set size: its private pages, plus each page it shares with n processes at
+    1/n. Why beside RSS: forked Python workers share their daemon's pages (the imported modules), which
+    a sum of RSS counts once per worker, so that sum grows with the number of workers alive, not with
+    the memory they use; a sum of PSS is the memory the processes take together."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def reset_peak_rss(pid: int) -> bool:

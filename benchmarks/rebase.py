@@ -29,7 +29,9 @@ or keep a Delta table and MERGE the changes into it. This measures the product a
 
 Memory: the peak RSS of each run process with its children (every process of its session, sampled
 every 0.2 s from /proc), and of the local Spark Connect server the first run starts and the others
-reuse: its JVM's VmHWM (reset before each run) and its session (JVM + Python workers, sampled).
+reuse: its JVM's VmHWM (reset before each run) and its session (JVM + Python workers, sampled as
+proportional set size, since forked workers share their daemon's pages and a sum of RSS would count
+them once per worker).
 Every step records the 1-minute load average at its start and its maximum during the step, since
 other work may share the machine. Where the time goes comes from the run's own log: process start
 (launch to the first log line: interpreter and imports; a run with `--no-ingest` logs first once it
@@ -75,7 +77,15 @@ import pyarrow as pa  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from benchmarks.ingest import private_cluster  # noqa: E402
-from benchmarks.pipeline import _status_kb, machine_facts, mib, reset_peak_rss, session_rss_kb  # noqa: E402
+from benchmarks.pipeline import (  # noqa: E402
+    _status_kb,
+    machine_facts,
+    mib,
+    pss_kb,
+    reset_peak_rss,
+    session_pids,
+    session_rss_kb,
+)
 from benchmarks.report import DOCS, write_section  # noqa: E402
 from snapshot_assets.config import SparkConfig, load_config  # noqa: E402
 from snapshot_assets.pipeline.table import TablePipeline  # noqa: E402
@@ -123,26 +133,39 @@ UPDATE_SET = ("name = name || '.', score = score + 0.5, balance = balance + 1, "
 
 
 class Watch:
-    """Samples, on a thread, the summed RSS of a session and the 1-minute load average, until stopped.
+    """Samples, on a thread, the memory of a session and the 1-minute load average, until stopped.
 
     `session` names the session to sample, asked at every sample: a process that starts during the
-    step (the Spark Connect server the first run launches) is sampled from when it appears.
+    step (the Spark Connect server the first run launches) is sampled from when it appears. `peak_kb`
+    is the peak of the session's summed RSS; with `proportional`, `peak_kb` sums PSS instead and
+    `peak_others_kb` is the peak of the session without its leader (the server's Python workers
+    without its JVM), both per sample.
     """
 
-    def __init__(self, session: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(self, session: Callable[[], int | None] = lambda: None, *, proportional: bool = False) -> None:
         self.session = session
+        self.proportional = proportional
         self.peak_kb = 0
+        self.peak_others_kb = 0
         self.load_start = os.getloadavg()[0]
         self.load_max = self.load_start
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _sample(self, session: int) -> None:
+        if not self.proportional:
+            self.peak_kb = max(self.peak_kb, session_rss_kb(session))
+            return
+        sizes = {pid: pss_kb(pid) for pid in session_pids(session)}
+        self.peak_kb = max(self.peak_kb, sum(sizes.values()))
+        self.peak_others_kb = max(self.peak_others_kb, sum(kb for pid, kb in sizes.items() if pid != session))
+
     def _run(self) -> None:
         while True:
             session = self.session()
             if session is not None:
-                self.peak_kb = max(self.peak_kb, session_rss_kb(session))
+                self._sample(session)
             self.load_max = max(self.load_max, os.getloadavg()[0])
             if self._stop.wait(SAMPLE_S):
                 return
@@ -161,7 +184,8 @@ class Step:
     load_max: float
     peak_kb: int = 0  # the run process and its children
     server_jvm_kb: int = 0  # the Spark Connect server's JVM (VmHWM over the step)
-    server_tree_kb: int = 0  # its session: JVM + Python workers (sampled)
+    server_tree_kb: int = 0  # its session: JVM + Python workers (sampled, PSS)
+    server_workers_kb: int = 0  # its session without the JVM: the Python workers (sampled, PSS)
     phases: dict[str, float] = field(default_factory=dict)
     output: str = ""
 
@@ -275,7 +299,7 @@ snapshotter {{
         server = self.server_pid
         if server is not None:
             reset_peak_rss(server)
-        server_watch = Watch(lambda: self.server_pid)  # the server runs in a session of its own
+        server_watch = Watch(lambda: self.server_pid, proportional=True)  # the server runs in a session of its own
         with log.open("wb") as err:
             launched = time.time()
             started = time.perf_counter()
@@ -293,7 +317,7 @@ snapshotter {{
         server = self.server_pid  # the first run starts it: its VmHWM then covers its whole life
         jvm = _status_kb(server, "VmHWM") if server is not None else 0
         return Step(seconds, watch.load_start, watch.load_max, watch.peak_kb, jvm, server_watch.peak_kb,
-                    phases(text, launched, seconds), out.decode(errors="replace").strip())
+                    server_watch.peak_others_kb, phases(text, launched, seconds), out.decode(errors="replace").strip())
 
     def pipeline(self) -> TablePipeline:
         return TablePipeline(load_config(str(self.config)).tables[0])
@@ -651,12 +675,13 @@ def server_memory_text(steps: list[Step]) -> str:
     """The server-memory target: the JVM's peak over every step against heap + overhead."""
     budget = memory_budget_mib(LOCAL_DEFAULTS)
     jvm = max(x.server_jvm_kb for x in steps)
-    workers = max(x.server_tree_kb - x.server_jvm_kb for x in steps)
+    workers = max(x.server_workers_kb for x in steps)
     verdict = "no budget: the heap is Spark's default" if budget is None else (
         f"against its configured {budget:,} MiB (heap + overhead): {'met' if jvm <= budget * 1024 else 'NOT met'}")
     return (f"Spark Connect server peak RSS: the JVM's VmHWM over every step peaked at {mib(jvm)} {verdict}. "
-            f"Its Python workers (tree minus JVM, summed over processes, so pages they share with the daemon "
-            f"count once per worker) peaked at {mib(workers)}: they hold one bucket at a time each, not the table.")
+            f"Its Python workers (the server's processes but its JVM, summed as proportional set size: a page "
+            f"n of them share counts 1/n to each) peaked at {mib(workers)}: they hold one bucket at a time "
+            f"each, not the table.")
 
 
 def render(args: argparse.Namespace, facts: str, initial: Initial, delta_init: Step, fixed: list[Step],
@@ -683,7 +708,8 @@ def render(args: argparse.Namespace, facts: str, initial: Initial, delta_init: S
         + (f" Other work shared the {cores} cores during this run (load up to {busiest:.1f}): every figure "
            "here is slower than on an idle machine." if busiest > cores else ""),
         "",
-        "| step | this project | peer | peer s | ratio | target | run peak RSS | server JVM / tree peak | load |",
+        "| step | this project | peer | peer s | ratio | target | run peak RSS | server JVM peak RSS / tree peak PSS "
+        "| load |",
         "|---|---:|---|---:|---:|---|---:|---:|---|",
         initial_row(args.rows, ours, copy, duck_write, peer_initial, initial.ratio),
         f"| fixed cost (`run --once`, nothing to do) | {fixed_step.seconds:.1f} s | | | | | {mib(fixed_step.peak_kb)} "
