@@ -25,8 +25,16 @@ class CASConflict(DestinationError):
     """`put_if` lost: the object's current revision is not the expected one (or it exists/is absent)."""
 
 
+#: `PutResult.revision` of an object whose writer was told no one will compare its revision
+#: (`MultipartUpload.complete(..., revision=False)`), where computing it means reading the object back.
+REVISION_NOT_COMPUTED = ""
+
+
 @dataclass(frozen=True, slots=True)
 class PutResult:
+    """What a write made: the object's URI, its size and its revision (the token `put_if` compares:
+    an S3 ETag, a local object's sha256; REVISION_NOT_COMPUTED when the writer was asked not to)."""
+
     uri: str
     size: int
     revision: str

@@ -10,6 +10,8 @@ hash changes exactly when the bytes change and is stable across processes, resta
 replaced file is freed and mtime granularity can be coarse, so two different same-size writes can
 carry the same token (an ABA that would let a stale writer win). The content hash has ABA only for
 identical bytes, where it is harmless: the state the caller expected is the state on disk.
+An object assembled from parts for a caller that never compares its revision (an artifact:
+`put_assembled(revision=False)`) is not read back to hash it; `get` still reports its sha256.
 
 Compare-and-swap: `put_if` (and `put`, `delete`, so they linearize with it) serialize per key on an
 exclusive `fcntl.flock` of a lock file next to the object. The new bytes are staged and fsynced
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from resources.destinations.base import (
+    REVISION_NOT_COMPUTED,
     CASConflict,
     DestinationError,
     GetResult,
@@ -271,9 +274,12 @@ class LocalDestination:
         """The file that holds `key` (DestinationError for a key that could escape the root)."""
         return self._path(key)
 
-    def put_assembled(self, key: str, fill: Callable[[int], None]) -> PutResult:
+    def put_assembled(self, key: str, fill: Callable[[int], None], *, revision: bool = True) -> PutResult:
         """`put`, but `fill(fd)` writes the temp file itself (e.g. with `copy_file_range` from files
-        already on this filesystem, so their bytes never pass through Python); then fsync, hash, rename."""
+        already on this filesystem, so their bytes never pass through Python); then fsync, hash, rename.
+        `revision=False` skips the hash (REVISION_NOT_COMPUTED): reading a multi-GB object back for
+        its sha256 took longer than copying and fsyncing it (docs/benchmarks.md), and an artifact's
+        revision is never compared."""
         path, uri = self._path(key), self.uri(key)
         with _os_errors("put", uri):
             fd, tmp = self._open_temp(path.parent)
@@ -282,9 +288,9 @@ class LocalDestination:
             os.fchmod(out.fileno(), FILE_MODE)
             os.fsync(out.fileno())
             out.seek(0)
-            digest = hashlib.file_digest(out, "sha256")
+            digest = hashlib.file_digest(out, "sha256").hexdigest() if revision else REVISION_NOT_COMPUTED
             size = os.fstat(out.fileno()).st_size
-        staged = _Staged(tmp=tmp, size=size, revision=digest.hexdigest())
+        staged = _Staged(tmp=tmp, size=size, revision=digest)
         with self._cleanup_on_error(staged), _os_errors("put", uri), _key_lock(path):
             self._commit(staged, path)
         return PutResult(uri=uri, size=size, revision=staged.revision)

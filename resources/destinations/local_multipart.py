@@ -252,7 +252,7 @@ class LocalUpload:
         finally:
             os.close(fd)
 
-    def complete(self, numbers: Sequence[int]) -> PutResult:
+    def complete(self, numbers: Sequence[int], *, revision: bool = True) -> PutResult:
         where = self._where()
         if not self.staging.is_dir():
             raise MultipartError(f"{where}: the upload is not open (completed or aborted)")
@@ -272,7 +272,7 @@ class LocalUpload:
                     copy_range(src, out, start, length, offset, f"{where} part {number}")
                 offset += length
 
-        result = self.dest.put_assembled(self.key, fill)
+        result = self.dest.put_assembled(self.key, fill, revision=revision)
         self.abort()
         return result
 

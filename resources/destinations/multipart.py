@@ -100,11 +100,17 @@ class MultipartUpload(Protocol):
         are removed when the upload completes or aborts."""
         ...
 
-    def complete(self, numbers: Sequence[int]) -> PutResult:
+    def complete(self, numbers: Sequence[int], *, revision: bool = True) -> PutResult:
         """Publish the object made of parts `numbers` (ascending) in that order; no parts = an empty object.
 
         Raises MultipartError, before anything is published, when a part is missing or breaks S3's
         rules; the upload stays open then (fix a part and complete again, or `abort`).
+
+        `revision=False`: the caller never compares this object's revision (an artifact is written
+        once under a new key; only small objects such as the manifest are swapped with `put_if`), so
+        a destination that would have to read the whole object back to compute it (a local one: its
+        sha256) returns REVISION_NOT_COMPUTED instead. S3 returns its ETag either way (it comes with
+        the completion).
         """
         ...
 
@@ -140,8 +146,8 @@ class Assembling:
     def __enter__(self) -> Assembling:
         return self
 
-    def complete(self, numbers: Sequence[int]) -> PutResult:
-        self.result = self.upload.complete(numbers)
+    def complete(self, numbers: Sequence[int], *, revision: bool = True) -> PutResult:
+        self.result = self.upload.complete(numbers, revision=revision)
         return self.result
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,

@@ -178,7 +178,8 @@ class S3Upload:
                     parts[int(part["PartNumber"])] = dict(part)
         return parts
 
-    def complete(self, numbers: Sequence[int]) -> PutResult:
+    def complete(self, numbers: Sequence[int], *, revision: bool = True) -> PutResult:
+        """`MultipartUpload.complete`; the ETag comes with the completion, so `revision` changes nothing."""
         where = self._where()
         if not numbers:
             return self._complete_empty()

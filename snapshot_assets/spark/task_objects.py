@@ -177,12 +177,13 @@ def plan_pieces(items: Sequence[tuple[int, SentPiece | CopyRange]],
 
 
 def complete_pieces(upload: MultipartUpload, items: Sequence[tuple[int, SentPiece | CopyRange]],
-                    parts_per_task: int, *, threads: int = 8) -> PutResult:
-    """Place the staged heads and copied ranges (`plan_pieces`), then complete the upload (driver)."""
+                    parts_per_task: int, *, threads: int = 8, revision: bool = True) -> PutResult:
+    """Place the staged heads and copied ranges (`plan_pieces`), then complete the upload (driver;
+    `revision` as for `MultipartUpload.complete`)."""
     planned, written = plan_pieces(items, parts_per_task)
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="assemble") as pool:
         list(pool.map(lambda part: write_planned(upload, part), planned))
-    return upload.complete(sorted([*written, *(part.number for part in planned)]))
+    return upload.complete(sorted([*written, *(part.number for part in planned)]), revision=revision)
 
 
 def parts_per_piece(pieces: int) -> int:

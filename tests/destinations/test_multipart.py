@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from resources.destinations.base import Destination, DestinationError
+from resources.destinations.base import REVISION_NOT_COMPUTED, Destination, DestinationError
 from resources.destinations.multipart import (
     MERGES_IN_MEMORY,
     MIN_PART_SIZE,
@@ -59,6 +59,25 @@ def test_parts_written_out_of_order_complete_in_number_order(dest: Destination) 
     assert (result.uri, result.size, result.revision) == (dest.uri("t/epoch=1/snapshot.jsonl"), len(got.data),
                                                            got.revision)
     assert [(i.key, i.size) for i in dest.list("")] == [("t/epoch=1/snapshot.jsonl", len(got.data))]
+
+
+def test_completing_without_a_revision_publishes_the_same_object(dest: Destination) -> None:
+    """`complete(revision=False)` (an artifact, whose revision nobody compares): the same bytes under
+    the key; the result's revision is the destination's token when it comes with the completion (S3's
+    ETag, equal to what `get` reports), else REVISION_NOT_COMPUTED (a local object, whose sha256 would
+    have to be read back); `get` still reports the real revision."""
+    a, b = _blob(MIN_PART_SIZE, 5), _blob(999, 6)
+    upload = begin(dest, "t/epoch=1/snapshot.protobuf")
+    upload.write_part(1, a)
+    upload.write_part(2, b)
+    with Assembling(upload) as job:
+        result = job.complete([1, 2], revision=False)
+    got = dest.get("t/epoch=1/snapshot.protobuf")
+    assert got is not None and got.data == a + b and got.revision
+    assert (result.uri, result.size) == (dest.uri("t/epoch=1/snapshot.protobuf"), len(a + b))
+    assert result.revision in (got.revision, REVISION_NOT_COMPUTED)
+    assert (result.revision == REVISION_NOT_COMPUTED) == dest.uri("k").startswith("file:"), result.revision
+    assert [i.key for i in dest.list("")] == ["t/epoch=1/snapshot.protobuf"]  # no staging left behind
 
 
 def test_part_numbers_may_have_gaps_and_a_rewritten_part_replaces_the_first(dest: Destination) -> None:
