@@ -651,7 +651,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 def console() -> int:
     """The `snapshotter` command: `main` in a process that exits without its last collections
-    (process_exit.py: a third of an unchanged table's forced re-base went to them)."""
+    (process_exit.py: a fifth of an unchanged table's forced re-base went to them)."""
     skip_final_collection()
     return main()
 
