@@ -559,7 +559,7 @@ class Initial:
         return ratios[len(ratios) // 2]
 
 
-def prime_class_archive(scratch: Path) -> float | None:
+def prime_class_archive() -> float | None:
     """When the host has no class-data archive yet, start a local Spark Connect server as a run does
     and stop it, which writes one; the seconds its start took (None: nothing to prime).
 
@@ -570,6 +570,7 @@ def prime_class_archive(scratch: Path) -> float | None:
     archive = class_archive(pyspark_home())
     if archive is None or archive.is_file():
         return None
+    scratch = Path(tempfile.mkdtemp(prefix="bench-rebase-prime-"))
     started = time.perf_counter()
     try:
         warm = warm_local_server(SparkConfig(), scratch)
@@ -768,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rows must be at least 10,000 and --repeat at least 1")
     started = time.perf_counter()
     archive = class_archive(pyspark_home())
-    primed = prime_class_archive(Path(tempfile.mkdtemp(prefix="bench-rebase-prime-")))
+    primed = prime_class_archive()
     if primed is not None:
         jvm = (f"; no JVM class-data archive on the host at the start: a server started ({primed:.1f} s, a host's "
                "first start) and stopped before the measurements wrote it, and every measured server maps it, as "
