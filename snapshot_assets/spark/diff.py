@@ -53,6 +53,8 @@ from snapshot_assets.spark.pieces import Targets, Uploads
 from snapshot_assets.spark.window import net_window
 
 log = logging.getLogger(__name__)
+#: What a diff's log line says of a window without before-images (`details["before_images"]` false).
+INSERTS_ONLY_NOTE = "INSERTs only: no before-images"
 
 TRUNCATE_PART = 0  # the driver's part; task parts are numbered from 1
 
@@ -110,7 +112,7 @@ def build_diff(spark: SparkSession, segments: Sequence[SegmentRef], base: Base, 
     built = replace(built, seconds=time.monotonic() - started)
     log.info("diff (%s, %s]: %d net changes%s%s from %d segments in %.2fs", from_position, to_position, built.count,
              " (TRUNCATE first)" if built.truncated else "",
-             "" if built.details["before_images"] else " (INSERTs only: no before-images)", len(segments),
+             "" if built.details["before_images"] else f" ({INSERTS_ONLY_NOTE})", len(segments),
              built.seconds)
     return built
 

@@ -60,6 +60,7 @@ from snapshot_assets.archive.manifest import Artifact, Manifest
 from snapshot_assets.archive.positions import compare_lsn, parse_lsn
 from snapshot_assets.archive.reader import ArchiveReader, ReplayPlan
 from snapshot_assets.config import TableConfig, load_config
+from snapshot_assets.spark.diff import INSERTS_ONLY_NOTE
 from tests.e2e.conftest import SCENARIO, e2e_env
 from tests.pg.conftest import PgCluster
 
@@ -561,7 +562,6 @@ def test_postgres_rounds(pg_cluster: PgCluster, workdir: Path, identity: str, ro
 
 
 APPEND_ROUNDS: Final = 2  # rounds of INSERTs only, then one mixed round
-INSERTS_ONLY: Final = "(INSERTs only: no before-images)"  # snapshot_assets/spark/diff.py's log line says so
 
 
 def _event_log(out: str) -> str:
@@ -604,8 +604,8 @@ def test_an_append_only_table_under_the_default_identity(pg_cluster: PgCluster, 
 
     diffs = [a for a in manifest.artifacts if not a.is_snapshot]
     assert len(diffs) == APPEND_ROUNDS + 1 and sum(a.is_snapshot for a in manifest.artifacts) == 1, manifest.artifacts
-    assert all(INSERTS_ONLY in text for text in logs[:APPEND_ROUNDS]), "an insert-only diff typed before-images"
-    assert INSERTS_ONLY not in logs[-1], "the mixed round's diff left its before-images untyped"
+    assert all(INSERTS_ONLY_NOTE in text for text in logs[:APPEND_ROUNDS]), "an insert-only diff typed before-images"
+    assert INSERTS_ONLY_NOTE not in logs[-1], "the mixed round's diff left its before-images untyped"
     for fid in FORMATS:
         reader = archive.reader(fid)
         for diff in diffs[:APPEND_ROUNDS]:
