@@ -132,7 +132,7 @@ class Sampler:
         while True:
             self.loads.append(load1())
             if self.session is not None:
-                self.peak_tree_kb = max(self.peak_tree_kb, session_rss_kb(self.session))
+                self.peak_tree_kb = max(self.peak_tree_kb, session_pss_kb(self.session)[0])
             if self._stop.wait(self.interval_s):
                 return
 
@@ -194,6 +194,13 @@ def pss_kb(pid: int) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def session_pss_kb(session: int) -> tuple[int, int]:
+    """The summed PSS of every process in session `session`, and the same without the session's leader
+    (for the Spark Connect server: its JVM and Python workers together, and the workers alone)."""
+    sizes = {pid: pss_kb(pid) for pid in session_pids(session)}
+    return sum(sizes.values()), sum(kb for pid, kb in sizes.items() if pid != session)
 
 
 def reset_peak_rss(pid: int) -> bool:
@@ -772,7 +779,7 @@ def render(args: argparse.Namespace, fresh: list[FreshnessPhase], snaps: list[Sn
             "commit) on the warm server",
             "",
             "| rows | snapshot | job s | rows/s | Spark s | upload s | commit + Dagster s | driver peak RSS "
-            "(at start) | server JVM peak RSS | server tree peak RSS | load avg |",
+            "(at start) | server JVM peak RSS | server tree peak PSS | load avg |",
             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for s in snaps:
@@ -799,7 +806,8 @@ def render(args: argparse.Namespace, fresh: list[FreshnessPhase], snaps: list[Sn
             "after importing Dagster and the code location, before the run): it plans the Spark job, collects one "
             "report row per staged part and streams the parts into the destination in 1 MiB chunks, so the table "
             f"never passes through it: {growth}. The server JVM peak is VmHWM, reset before each job; the tree adds "
-            "the Python workers that encode the formats (sampled every 0.5 s). The JVM heap is capped by "
+            "the Python workers that encode the formats (proportional set size, so the pages the workers share "
+            "with their daemon count once in all, sampled every 0.5 s). The JVM heap is capped by "
             f"spark.driver.memory (4g by default). Artifact sizes: {sizes}.",
             "",
         ]

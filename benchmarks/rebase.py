@@ -81,9 +81,8 @@ from benchmarks.pipeline import (  # noqa: E402
     _status_kb,
     machine_facts,
     mib,
-    pss_kb,
     reset_peak_rss,
-    session_pids,
+    session_pss_kb,
     session_rss_kb,
 )
 from benchmarks.report import DOCS, write_section  # noqa: E402
@@ -157,9 +156,9 @@ class Watch:
         if not self.proportional:
             self.peak_kb = max(self.peak_kb, session_rss_kb(session))
             return
-        sizes = {pid: pss_kb(pid) for pid in session_pids(session)}
-        self.peak_kb = max(self.peak_kb, sum(sizes.values()))
-        self.peak_others_kb = max(self.peak_others_kb, sum(kb for pid, kb in sizes.items() if pid != session))
+        tree, others = session_pss_kb(session)
+        self.peak_kb = max(self.peak_kb, tree)
+        self.peak_others_kb = max(self.peak_others_kb, others)
 
     def _run(self) -> None:
         while True:
