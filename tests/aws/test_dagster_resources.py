@@ -189,6 +189,7 @@ def test_runs_use_the_registered_resources_and_hand_the_artifact_over_through_da
     first = _run(loc, _defs(), "snapshot_job")
     built = _built(first, "snapshot")
     assert built["spark_mode"] == "classic"  # the PySparkResource's session (spark.master = local[2])
+    assert "build_before_images" not in built  # a diff build's fact
     committed = loc.manifest()["artifacts"]
     assert [a["kind"] for a in committed] == ["snapshot"]
     assert built[ARTIFACT] == committed[0]  # what the manifest asset committed is what the snapshot asset built
@@ -286,6 +287,7 @@ def test_a_sensor_request_overtaken_by_a_forced_snapshot_builds_only_what_is_lef
     partly = _run(loc, _defs(), "diff_job", tags={**requested, TO_TAG: later})
     built = _built(partly, "diff")
     assert (built["from_position"], built["to_position"]) == (durable, later)
+    assert built["build_before_images"] is True  # the generator's changes update and delete rows
     chain = loc.manifest()["artifacts"]
     assert [(a["kind"], a.get("from_position"), a["to_position"]) for a in chain[1:]] == [
         ("snapshot", None, durable), ("diff", durable, later)]
