@@ -30,14 +30,16 @@ grow. Two questions, measured in one run on the real code paths:
    more on 2 cores, so not in the default run), a buffer holding the generator's initial load of N
    rows (streamed from the generator's own row model, so the ingest process never holds the table),
    then the real Dagster `snapshot_job` (snapshot + manifest assets, `execute_in_process`, what
-   `snapshotter run --once` runs) in a fresh child process against the warm server: first the
-   initial snapshot (from the buffer's initial-load segment), then a forced re-base (from the STATE
-   dataset the first one wrote), each in its own child. rows/s = rows / the job's wall time
-   (Spark build, upload of every format, manifest commit, Dagster's run bookkeeping). Memory: the
-   child's peak RSS (`getrusage(RUSAGE_SELF).ru_maxrss`): the Dagster-side process that drives the
-   build, which never holds the table; the server JVM's peak RSS (VmHWM of /proc/<pid>/status,
-   reset before each job through /proc/<pid>/clear_refs); and the peak of the server's whole
-   process tree (its session: JVM + Python workers), sampled every 0.5 s.
+   `snapshotter run --once` runs) in a fresh child process against the warm server: the initial
+   snapshot (from the buffer's initial-load segment). Re-bases are measured by benchmarks/rebase.py,
+   after three kinds of changes and against peers: a forced re-base here, with nothing changed since
+   the snapshot, would only copy the unchanged buckets and say nothing of a re-base's cost.
+   rows/s = rows / the job's wall time (Spark build, upload of every format, manifest commit,
+   Dagster's run bookkeeping). Memory: the child's peak RSS (`getrusage(RUSAGE_SELF).ru_maxrss`):
+   the Dagster-side process that drives the build, which never holds the table; the server JVM's
+   peak RSS (VmHWM of /proc/<pid>/status, reset before each job through /proc/<pid>/clear_refs);
+   and the peak of the server's whole process tree (its session: JVM + Python workers), sampled
+   every 0.5 s.
 
 Every row carries the 1-minute load average (mean and max over the measurement) because other
 work may share the machine. Temporary directories hold buffers, archives and the server state;
@@ -595,7 +597,6 @@ def one_cycle(index: int, mode: str, pipe: TablePipeline, source: TimedSource, s
 @dataclass
 class SnapshotResult:
     rows: int
-    kind: str
     job_s: float
     spark_s: float
     build_s: float
@@ -629,35 +630,36 @@ def stage_buffer(work: Path, rows: int, seed: int) -> float:
     return time.monotonic() - started
 
 
-def snapshot_job(work: Path, run_dir: Path, kind: str, server_pid: int, rows: int) -> SnapshotResult:
+def snapshot_job(work: Path, run_dir: Path, server_pid: int, rows: int) -> SnapshotResult:
     """Run the snapshot job in a fresh child process; its cwd `run_dir` holds the warm server's state
     where `SparkResource` looks by default (`.snapshotter/spark-connect`)."""
     reset = reset_peak_rss(server_pid)
-    out = work / f"worker-{kind}.log"
+    out = work / "worker-initial.log"
     env = {**os.environ, "SNAPSHOTTER_CONFIG": str(work / "snapshotter.conf")}
     env.pop("DAGSTER_HOME", None)
     with Sampler(0.5, session=server_pid) as sampler, open(out, "w") as log_file:
-        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--snapshot-worker", kind],
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--snapshot-worker"],
                               cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=log_file, text=True, check=False)
     if done.returncode != 0:
         tail = "\n".join(out.read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"the {kind} snapshot worker failed ({done.returncode}); {out} ends with:\n{tail}")
+        raise RuntimeError(f"the initial snapshot worker failed ({done.returncode}); {out} ends with:\n{tail}")
     from snapshot_assets.spark.connect_server import local_server_info
 
     info = local_server_info(run_dir / STATE_SUBDIR)
     if info is None or info.pid != server_pid:
-        raise RuntimeError(f"the {kind} snapshot job did not run on the warm server pid {server_pid} "
+        raise RuntimeError(f"the initial snapshot job did not run on the warm server pid {server_pid} "
                            f"(now: {info.pid if info else 'none'}): its time would include a server start")
     line = next(x for x in done.stdout.splitlines() if x.startswith(RESULT_MARK))
     data = json.loads(line[len(RESULT_MARK):])
     if data["rows"] != rows:
-        raise RuntimeError(f"the {kind} snapshot holds {data['rows']} rows, expected {rows}")
-    return SnapshotResult(kind=kind, jvm_peak_kb=_status_kb(server_pid, "VmHWM"), tree_peak_kb=sampler.peak_tree_kb,
+        raise RuntimeError(f"the initial snapshot holds {data['rows']} rows, expected {rows}")
+    return SnapshotResult(jvm_peak_kb=_status_kb(server_pid, "VmHWM"), tree_peak_kb=sampler.peak_tree_kb,
                           load=sampler.load_text, jvm_peak_reset=reset, **data)
 
 
-def snapshot_worker(kind: str) -> int:
-    """The child: the Dagster run process. Runs `snapshot_job` for the configured table, prints JSON."""
+def snapshot_worker() -> int:
+    """The child: the Dagster run process. Runs `snapshot_job` (the initial snapshot) for the configured table,
+    prints JSON."""
     import dagster as dg
 
     import snapshot_assets
@@ -671,10 +673,9 @@ def snapshot_worker(kind: str) -> int:
     instance = dg.DagsterInstance.ephemeral()
     job = defs.resolve_job_def("snapshot_job")
     start_kb = _status_kb(os.getpid(), "VmRSS")
-    nxt = pipe.decide(force=kind == "rebase")
-    expected = "initial" if kind == "initial" else "forced"
-    if nxt.kind != "snapshot" or nxt.trigger != expected:
-        raise RuntimeError(f"expected a {expected} snapshot, the decision is {nxt}")
+    nxt = pipe.decide()
+    if nxt.kind != "snapshot" or nxt.trigger != "initial":
+        raise RuntimeError(f"expected an initial snapshot, the decision is {nxt}")
     tags = {TABLE_TAG: table, TRIGGER_TAG: nxt.trigger, FROM_TAG: "", TO_TAG: nxt.to_position or ""}
     started = time.monotonic()
     result = job.execute_in_process(partition_key=table, tags=tags, instance=instance, raise_on_error=True)
@@ -697,11 +698,11 @@ def extrapolation(snaps: Sequence[SnapshotResult]) -> str:
     """What the big size would cost, scaled linearly from the largest measured size: clearly an estimate."""
     rows = max(s.rows for s in snaps)
     scale = BIG_ROWS / rows
-    jobs = {s.kind: s.job_s * scale / 60 for s in snaps if s.rows == rows}
+    job = next(s.job_s for s in snaps if s.rows == rows) * scale / 60
     staging = next(s.ingest_s for s in snaps if s.rows == rows) * scale / 60
     return (f"{BIG_ROWS:,} rows: not measured in this run (`--big` measures it). EXTRAPOLATION, NOT A MEASUREMENT "
-            f"(linear from {rows:,} rows): initial snapshot job ~{jobs.get('initial', math.nan):.0f} min, re-base "
-            f"~{jobs.get('rebase', math.nan):.0f} min, plus ~{staging:.0f} min to stage the buffer.")
+            f"(linear from {rows:,} rows): initial snapshot job ~{job:.0f} min, plus ~{staging:.0f} min to stage "
+            "the buffer.")
 
 
 # ---- report ---------------------------------------------------------------------------------------
@@ -775,21 +776,20 @@ def render(args: argparse.Namespace, fresh: list[FreshnessPhase], snaps: list[Sn
         ]
     if snaps:
         lines += [
-            "### Snapshot throughput: `snapshot_job` (Spark build, upload of jsonl + protobuf + parquet, manifest "
-            "commit) on the warm server",
+            "### Snapshot throughput: the initial snapshot's `snapshot_job` (Spark build, upload of jsonl + protobuf "
+            "+ parquet, manifest commit) on the warm server",
             "",
-            "| rows | snapshot | job s | rows/s | Spark s | upload s | commit + Dagster s | driver peak RSS "
+            "| rows | job s | rows/s | Spark s | upload s | commit + Dagster s | driver peak RSS "
             "(at start) | server JVM peak RSS | server tree peak PSS | load avg |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for s in snaps:
-            what = "initial (buffer's initial load)" if s.kind == "initial" else "re-base (STATE dataset)"
             jvm = mib(s.jvm_peak_kb) + ("" if s.jvm_peak_reset else " (since server start)")
-            lines.append(f"| {s.rows:,} | {what} | {s.job_s:.1f} | {s.rate:,.0f} | {s.spark_s:.1f} "
+            lines.append(f"| {s.rows:,} | {s.job_s:.1f} | {s.rate:,.0f} | {s.spark_s:.1f} "
                          f"| {s.build_s - s.spark_s:.1f} | {s.job_s - s.build_s:.1f} | {mib(s.driver_peak_kb)} "
                          f"({mib(s.driver_start_kb)}) | {jvm} | {mib(s.tree_peak_kb)} | {s.load} |")
         sizes = ", ".join(f"{s.rows:,} rows: " + " / ".join(f"{fid} {b / 1e6:,.0f} MB" for fid, b in s.bytes.items())
-                          for s in snaps if s.kind == "initial")
+                          for s in snaps)
         small, large = min(snaps, key=lambda s: s.rows), max(snaps, key=lambda s: s.rows)
         growth = (f"from {small.rows:,} to {large.rows:,} rows (×{large.rows / small.rows:.0f}) the driver's peak "
                   f"went from {mib(max(s.driver_peak_kb for s in snaps if s.rows == small.rows))} to "
@@ -851,7 +851,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--docs", type=Path, default=DOCS, help="the Markdown file to write the section into")
     p.add_argument("--no-docs", action="store_true", help="only print the tables")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
-    p.add_argument("--snapshot-worker", choices=("initial", "rebase"), help=argparse.SUPPRESS)
+    p.add_argument("--snapshot-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(argv)
     args.docs = args.docs.absolute()  # the measuring process runs in another directory
@@ -875,7 +875,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.snapshot_worker:
-        return snapshot_worker(args.snapshot_worker)
+        return snapshot_worker()
     # SIGTERM unwinds like Ctrl-C, so every finally below still runs (stops the server, removes files).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if not os.environ.get(FROZEN_CODE):
@@ -919,11 +919,10 @@ def run_frozen(argv: Sequence[str]) -> int:
 
 
 def warm_up(tmp: Path, server_pid: int, seed: int) -> None:
-    """A throwaway initial snapshot and re-base, so the first measured job finds the server's JIT warm."""
+    """A throwaway initial snapshot, so the first measured job finds the server's JIT warm."""
     work = tmp / "warm-up"
     stage_buffer(work, 100_000, seed)
-    for kind in ("initial", "rebase"):
-        snapshot_job(work, tmp, kind, server_pid, 100_000)
+    snapshot_job(work, tmp, server_pid, 100_000)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -961,14 +960,13 @@ def measure(args: argparse.Namespace) -> int:
                 ingest_s = stage_buffer(work, rows, args.seed)
                 print(f"snapshot of {rows:,} rows (buffer staged in {ingest_s:.0f} s, load {load1():.1f}):",
                       flush=True)
-                for kind in ("initial", "rebase"):
-                    s = snapshot_job(work, tmp, kind, info.pid, rows)
-                    s.ingest_s = ingest_s
-                    snaps.append(s)
-                    print(f"  {kind:7s}: {s.job_s:6.1f} s, {s.rate:9,.0f} rows/s (Spark {s.spark_s:.1f} s), "
-                          f"driver peak {mib(s.driver_peak_kb)} (at the end: anon {mib(s.driver_end_anon_kb)}, "
-                          f"file {mib(s.driver_end_file_kb)}), JVM peak {mib(s.jvm_peak_kb)}, tree peak "
-                          f"{mib(s.tree_peak_kb)}, load {s.load}", flush=True)
+                s = snapshot_job(work, tmp, info.pid, rows)
+                s.ingest_s = ingest_s
+                snaps.append(s)
+                print(f"  initial: {s.job_s:6.1f} s, {s.rate:9,.0f} rows/s (Spark {s.spark_s:.1f} s), "
+                      f"driver peak {mib(s.driver_peak_kb)} (at the end: anon {mib(s.driver_end_anon_kb)}, "
+                      f"file {mib(s.driver_end_file_kb)}), JVM peak {mib(s.jvm_peak_kb)}, tree peak "
+                      f"{mib(s.tree_peak_kb)}, load {s.load}", flush=True)
                 shutil.rmtree(work / "buffer", ignore_errors=True)
                 shutil.rmtree(work / "archive", ignore_errors=True)
             if snaps and BIG_ROWS not in args.sizes:
