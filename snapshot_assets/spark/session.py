@@ -71,14 +71,17 @@ LOCAL_DEFAULTS: Mapping[str, str] = {
 #:   more calls through py4j each time). The jobs build their plans from thousands of such calls: off,
 #:   a chain of 8 builds (tests/spark/test_cluster_build.py) made 11,543 py4j calls instead of 23,337.
 #:   An error then names the failing expression without the Python line that built it. (On a Connect
-#:   session the wrapper records call sites on the client and makes no extra calls to the server.)
+#:   session the wrapper records call sites on the client and makes no extra calls to the server.) The
+#:   setting is static: a Connect session cannot set it (the server refuses it), so it is given at a
+#:   JVM's start only (`_STATIC_PREFIXES`).
 SESSION_DEFAULTS: Mapping[str, str] = {
     "spark.sql.codegen.hugeMethodLimit": "8000",
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 #: Settings that only take effect when a JVM starts (server command line / classic builder).
 _STATIC_PREFIXES = ("spark.driver.", "spark.executor.", "spark.ui.", "spark.master", "spark.jars",
-                    "spark.connect.", "spark.local.dir", "spark.python.worker.reuse")
+                    "spark.connect.", "spark.local.dir", "spark.python.worker.reuse",
+                    "spark.python.sql.dataFrameDebugging.")
 FALLBACK_MASTER = "local[2]"
 
 

@@ -107,7 +107,8 @@ def test_a_runtime_that_joined_a_running_classic_session_leaves_it_running(spark
 
 
 @pytest.mark.slow
-def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        caplog: pytest.LogCaptureFixture) -> None:
     """Start the server, run a real diff over Spark Connect, reuse the warm server, stop it."""
     # this process also holds the suite's classic session: the jobs' columns must be Connect ones here
     monkeypatch.setenv(CONNECT_MODE, "1")
@@ -146,7 +147,10 @@ def test_local_connect_server_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
         cold.stop()
 
         started = time.monotonic()
-        warm = open_spark(config, state_dir=state)
+        with caplog.at_level(logging.WARNING):
+            warm = open_spark(config, state_dir=state)
+        # every setting the session is given is one a Connect session takes (static ones went to the server)
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert warm.mode == "connect-local" and "reused" in warm.note
         assert warm.spark.range(5).count() == 5
         assert time.monotonic() - started < cold.startup_s
