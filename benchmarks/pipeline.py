@@ -810,6 +810,12 @@ def render(args: argparse.Namespace, fresh: list[FreshnessPhase], snaps: list[Sn
             "with their daemon count once in all, sampled every 0.5 s). The JVM heap is capped by "
             f"spark.driver.memory (4g by default). Artifact sizes: {sizes}.",
             "",
+            "The generator describes no columns, like every source but PostgreSQL: its copy is built the way "
+            "such a source's is, the parquet schema inferred from the rows, the rows typed by Spark and bucketed "
+            "through its shuffle, and each row's protobuf record encoded from its JSON in Python (about 20 µs a "
+            "row). A PostgreSQL copy is encoded by the copy tasks from its column texts instead: the re-base "
+            "sections' initial snapshots, whose 1,000,000-row build takes about 6 s.",
+            "",
         ]
     lines += [f"{n}" for n in notes]
     if notes:
