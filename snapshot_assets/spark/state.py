@@ -53,8 +53,8 @@ from pyspark.sql import DataFrame, SparkSession
 from resources.buffer.segments import RECORD_COLUMN, TYPED_COLUMN, with_images
 from resources.destinations.s3 import S3Connection
 from snapshot_assets.archive.errors import EncodeError
+from snapshot_assets.archive.formats.json_columns import snapshot_records_of_texts
 from snapshot_assets.archive.formats.jsonl import MAX_LINE_BYTES
-from snapshot_assets.archive.formats.protobuf import snapshot_record
 from snapshot_assets.archive.key_index import (
     BLOCK_BYTES,
     BucketEntries,
@@ -121,8 +121,8 @@ def _records(texts: pa.Array, known: pa.Array | None, key_fields: tuple[str, ...
     at = np.flatnonzero(missing.to_numpy(zero_copy_only=False))
     if not len(at):
         return known
-    encoded = [snapshot_record(decode_row(text) or {}, key_fields) for text in texts.take(at).to_pylist()]
-    return pc.replace_with_mask(known, missing, pa.array(encoded, pa.binary()))
+    encoded = snapshot_records_of_texts(texts.take(at), key_fields, decode_row)
+    return pc.replace_with_mask(known, missing, encoded)
 
 
 def encoded_rows(batch: pa.RecordBatch, key_fields: tuple[str, ...], pbs: pa.Array | None,

@@ -1,0 +1,118 @@
+"""Go-JSON row texts taken apart into their columns' value tokens with Arrow kernels.
+
+Why: a row that enters as JSON (every source but PostgreSQL: a generator, a laredo server) has no
+column texts, so its protobuf snapshot record was built from the decoded row in Python, about 10-20
+µs a row, which for a copy is the whole table. The rows of a batch nearly always have the same
+column names, which the Go-JSON encoder writes in one order without spaces, so each such row is
+`{"k0":v0,"k1":v1,...}`: split at the literal `,"k1":`, `,"k2":`, ... (one RE2 split of the whole
+batch) it gives each column's Go-JSON token, and `protobuf_columns.snapshot_records` builds the
+records from the tokens, as it does from a PostgreSQL copy's columns.
+
+A split is taken only where it is the row's parse: the row is exactly the names' prefix and
+separators around its pieces, and every piece is one whole JSON value (a separator inside a string
+cannot occur, the encoder escapes its quotes; one inside a nested object leaves a piece that is not
+a whole value). The check accepts values nested at most two levels deep (a scalar; an array or
+object of scalars, or of arrays and objects of scalars). Any other row is encoded alone, from its
+decoded row, as before: the records are the per-row encoder's bytes either way
+(tests/formats/test_json_columns.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from snapshot_assets.archive import gojson
+from snapshot_assets.archive.changes import Row
+from snapshot_assets.archive.formats.protobuf import snapshot_record
+from snapshot_assets.archive.formats.protobuf_columns import snapshot_records
+
+_STRING = r'"(?:[^"\\]|\\.)*"'
+_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+_SCALAR = rf"(?:{_STRING}|{_NUMBER}|true|false|null)"
+
+
+def _nested(inner: str) -> str:
+    """A value that is a scalar, or an array or object of `inner` values."""
+    array = rf"\[(?:{inner}(?:,{inner})*)?\]"
+    members = rf"{_STRING}:{inner}"
+    return rf"(?:{_SCALAR}|{array}|\{{(?:{members}(?:,{members})*)?\}})"
+
+
+#: A Go-JSON value token nested at most two levels deep.
+_VALUE = _nested(_nested(_SCALAR))
+
+
+#: The whole of a value token, and nothing else.
+_WHOLE_VALUE = rf"^{_VALUE}$"
+
+
+@dataclass(frozen=True, slots=True)
+class SplitRows:
+    """The rows of a batch that have one list of column names: which, and each column's tokens."""
+
+    names: tuple[str, ...]
+    rows: np.ndarray  # positions in the batch, ascending
+    columns: list[pa.Array]  # one string array per name, the tokens of `rows`
+
+
+def split_rows(texts: pa.Array) -> SplitRows | None:
+    """The rows of `texts` (Go-JSON objects; nulls allowed) with the column names of its first
+    row, in that order, split into their values' tokens; None when no row is (no object row)."""
+    valid = texts.drop_null()
+    if not len(valid):
+        return None
+    first = gojson.loads(valid[0].as_py())
+    if not isinstance(first, dict) or not first:
+        return None
+    names = tuple(first)
+    keys = [gojson.encode_value(name) for name in names]
+    prefix, separators = "{" + keys[0] + ":", ["," + key + ":" for key in keys[1:]]
+    texts = texts.fill_null("")
+    pieces = pc.split_pattern_regex(texts, pattern="|".join(re.escape(s) for s in separators)) if separators else \
+        pa.ListArray.from_arrays(pa.array(np.arange(len(texts) + 1, dtype=np.int32)), texts)
+    width = len(names)
+    counted = pc.equal(pc.list_value_length(pieces), width)
+    at = np.flatnonzero(counted.to_numpy(zero_copy_only=False))
+    flat = pc.list_flatten(pieces.take(pa.array(at, pa.int64())))
+    columns = [flat.take(pa.array(np.arange(j, len(flat), width, dtype=np.int64))) for j in range(width)]
+    if not len(at):
+        return SplitRows(names, at, columns)
+    # the first piece follows the prefix; the last ends with the object's brace
+    starts_right = pc.starts_with(columns[0], prefix)
+    ends_right = pc.ends_with(columns[-1], "}")
+    columns[0] = pc.utf8_slice_codeunits(columns[0], len(prefix))
+    columns[-1] = pc.utf8_slice_codeunits(columns[-1], 0, -1)
+    rebuilt = pc.binary_join_element_wise(
+        prefix, *(x for j, column in enumerate(columns) for x in ((separators[j - 1],) if j else ()) + (column,)),
+        "}", "")
+    exact = pc.and_(pc.and_(starts_right, ends_right), pc.equal(rebuilt, texts.take(pa.array(at, pa.int64()))))
+    for column in columns:
+        exact = pc.and_(exact, pc.match_substring_regex(column, _WHOLE_VALUE))
+    keep = np.flatnonzero(exact.to_numpy(zero_copy_only=False))
+    chosen = pa.array(keep, pa.int64())
+    return SplitRows(names, at[keep], [column.take(chosen) for column in columns])
+
+
+def snapshot_records_of_texts(texts: pa.Array, key_fields: Sequence[str], decode: Callable[[str], Row | None]
+                              ) -> pa.Array:
+    """The delimited `SnapshotRow` record of each Go-JSON row text in `texts` (no nulls): built
+    from its columns' tokens where the row splits (`split_rows`), else from the row `decode` makes
+    of it (which raises on a text that is no row)."""
+    out = np.full(len(texts), None, dtype=object)
+    split = split_rows(texts)
+    left = np.arange(len(texts))
+    if split is not None and len(split.rows):
+        out[split.rows] = snapshot_records(split.names, split.columns).to_numpy(zero_copy_only=False)
+        left = np.setdiff1d(left, split.rows, assume_unique=True)
+    for at, text in zip(left, texts.take(pa.array(left, pa.int64())).to_pylist(), strict=True):
+        out[at] = snapshot_record(decode(text) or {}, key_fields)
+    return pa.array(out, pa.binary())
+
+
+__all__ = ["SplitRows", "snapshot_records_of_texts", "split_rows"]
