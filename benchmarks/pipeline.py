@@ -811,10 +811,11 @@ def render(args: argparse.Namespace, fresh: list[FreshnessPhase], snaps: list[Sn
             f"spark.driver.memory (4g by default). Artifact sizes: {sizes}.",
             "",
             "The generator describes no columns, like every source but PostgreSQL: its copy is built the way "
-            "such a source's is, the parquet schema inferred from the rows, the rows typed by Spark and bucketed "
-            "through its shuffle, and each row's protobuf record encoded from its JSON in Python (about 20 µs a "
-            "row). A PostgreSQL copy is encoded by the copy tasks from its column texts instead: the re-base "
-            "sections' initial snapshots, whose 1,000,000-row build takes about 6 s.",
+            "such a source's is, the parquet schema inferred from the rows by Spark (a pass that parses every "
+            "row's JSON), the rows typed by Spark (parsing it again) and bucketed through its shuffle, each row's "
+            "protobuf record built from its JSON split into column tokens by Arrow kernels (json_columns.py). A "
+            "PostgreSQL copy is encoded by the copy tasks from its column texts instead: the re-base sections' "
+            "initial snapshots, whose 1,000,000-row build takes about 6 s.",
             "",
         ]
     lines += [f"{n}" for n in notes]
