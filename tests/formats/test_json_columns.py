@@ -81,6 +81,14 @@ def test_rows_the_split_must_not_take_apart_keep_their_records(row: dict[str, An
     assert snapshot_records_of_texts(pa.array(texts, pa.string()), ("id",), decode_row).to_pylist() == _oracle(texts)
 
 
+def test_large_string_batches_split_too() -> None:
+    texts = [_text({"a": i, "b": [i, "x"], "c": None}) for i in range(5)]
+    split = split_rows(pa.array(texts, pa.large_string()))
+    assert split is not None and list(split.rows) == list(range(5))
+    got = snapshot_records_of_texts(pa.array(texts, pa.large_string()), ("id",), decode_row)
+    assert got.to_pylist() == _oracle(texts)
+
+
 def test_a_text_that_is_no_row_is_refused_as_before() -> None:
     with pytest.raises(ValueError, match="must be a JSON object"):
         snapshot_records_of_texts(pa.array(['{"a":1}', "[1]"], pa.string()), ("id",), decode_row)

@@ -64,6 +64,11 @@ class SplitRows:
 def split_rows(texts: pa.Array) -> SplitRows | None:
     """The rows of `texts` (Go-JSON objects; nulls allowed) with the column names of its first
     row, in that order, split into their values' tokens; None when no row is (no object row)."""
+    if pa.types.is_large_string(texts.type):  # Arrow's join kernels want one string type throughout
+        try:
+            texts = texts.cast(pa.string())
+        except pa.ArrowInvalid:  # over 2 GiB of text in one batch: the row-by-row path
+            return None
     valid = texts.drop_null()
     if not len(valid):
         return None
