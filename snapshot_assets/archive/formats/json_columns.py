@@ -79,8 +79,13 @@ def split_rows(texts: pa.Array) -> SplitRows | None:
     keys = [gojson.encode_value(name) for name in names]
     prefix, separators = "{" + keys[0] + ":", ["," + key + ":" for key in keys[1:]]
     texts = texts.fill_null("")
-    pieces = pc.split_pattern_regex(texts, pattern="|".join(re.escape(s) for s in separators)) if separators else \
-        pa.ListArray.from_arrays(pa.array(np.arange(len(texts) + 1, dtype=np.int32)), texts)
+    if not separators:  # one column: the whole row is its one piece
+        pieces = pa.ListArray.from_arrays(pa.array(np.arange(len(texts) + 1, dtype=np.int32)), texts)
+    else:
+        try:
+            pieces = pc.split_pattern_regex(texts, pattern="|".join(re.escape(s) for s in separators))
+        except pa.ArrowInvalid:  # RE2 refused the pattern: the row-by-row path
+            return None
     width = len(names)
     counted = pc.equal(pc.list_value_length(pieces), width)
     at = np.flatnonzero(counted.to_numpy(zero_copy_only=False))
@@ -93,9 +98,10 @@ def split_rows(texts: pa.Array) -> SplitRows | None:
     ends_right = pc.ends_with(columns[-1], "}")
     columns[0] = pc.utf8_slice_codeunits(columns[0], len(prefix))
     columns[-1] = pc.utf8_slice_codeunits(columns[-1], 0, -1)
-    rebuilt = pc.binary_join_element_wise(
-        prefix, *(x for j, column in enumerate(columns) for x in ((separators[j - 1],) if j else ()) + (column,)),
-        "}", "")
+    spelled: list[pa.Array | str] = [prefix, columns[0]]  # the row as these pieces would spell it
+    for separator, column in zip(separators, columns[1:], strict=True):
+        spelled += [separator, column]
+    rebuilt = pc.binary_join_element_wise(*spelled, "}", "")
     exact = pc.and_(pc.and_(starts_right, ends_right), pc.equal(rebuilt, texts.take(pa.array(at, pa.int64()))))
     for column in columns:
         exact = pc.and_(exact, pc.match_substring_regex(column, _WHOLE_VALUE))
