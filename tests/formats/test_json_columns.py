@@ -81,6 +81,24 @@ def test_rows_the_split_must_not_take_apart_keep_their_records(row: dict[str, An
     assert snapshot_records_of_texts(pa.array(texts, pa.string()), ("id",), decode_row).to_pylist() == _oracle(texts)
 
 
+def test_a_batch_across_a_schema_change_splits_every_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows before and after a column was added (and one that splits nothing, first of all): every row
+    of both shapes gets its record from its tokens, none from its decoded row but the odd one."""
+    odd = {"deep": {"a": {"b": {"c": [1]}}}}
+    before = [{"id": 2**63 + i, "name": f"n{i}", "tags": [i]} for i in range(3)]
+    after = [{"id": 2**63 + i, "name": f"n{i}", "tags": [i], "added": None} for i in range(3, 6)]
+    texts = [_text(r) for r in [odd, *before, *after, before[0]]]
+    expected = _oracle(texts)
+    decoded: list[str] = []
+
+    def counting(text: str) -> Any:
+        decoded.append(text)
+        return decode_row(text)
+
+    assert snapshot_records_of_texts(pa.array(texts, pa.string()), ("id",), counting).to_pylist() == expected
+    assert decoded == [texts[0]]
+
+
 def test_large_string_batches_split_too() -> None:
     texts = [_text({"a": i, "b": [i, "x"], "c": None}) for i in range(5)]
     split = split_rows(pa.array(texts, pa.large_string()))

@@ -3,7 +3,8 @@
 Why: a row that enters as JSON (every source but PostgreSQL: a generator, a laredo server) has no
 column texts, so its protobuf snapshot record was built from the decoded row in Python, about 10-20
 µs a row, which for a copy is the whole table. The rows of a batch nearly always have the same
-column names, which the Go-JSON encoder writes in one order without spaces, so each such row is
+column names (two lists of them where it straddles a schema change: each list is split in turn, up
+to MAX_SHAPES), which the Go-JSON encoder writes in one order without spaces, so each such row is
 `{"k0":v0,"k1":v1,...}`: split at the literal `,"k1":`, `,"k2":`, ... (one RE2 split of the whole
 batch) it gives each column's Go-JSON token, and `protobuf_columns.snapshot_records` builds the
 records from the tokens, as it does from a PostgreSQL copy's columns.
@@ -47,6 +48,10 @@ def _nested(inner: str) -> str:
 #: A Go-JSON value token nested at most two levels deep.
 _VALUE = _nested(_nested(_SCALAR))
 
+
+#: How many lists of column names one batch is split by (a batch that straddles a schema change
+#: has two); rows of further shapes are encoded one by one.
+MAX_SHAPES = 4
 
 #: The whole of a value token, and nothing else.
 _WHOLE_VALUE = rf"^{_VALUE}$"
@@ -116,14 +121,22 @@ def snapshot_records_of_texts(texts: pa.Array, key_fields: Sequence[str], decode
     from its columns' tokens where the row splits (`split_rows`), else from the row `decode` makes
     of it (which raises on a text that is no row)."""
     out = np.full(len(texts), None, dtype=object)
-    split = split_rows(texts)
-    left = np.arange(len(texts))
-    if split is not None and len(split.rows):
-        out[split.rows] = snapshot_records(split.names, split.columns).to_numpy(zero_copy_only=False)
-        left = np.setdiff1d(left, split.rows, assume_unique=True)
-    for at, text in zip(left, texts.take(pa.array(left, pa.int64())).to_pylist(), strict=True):
+    left = np.arange(len(texts))  # the rows still without a record, ascending
+    alone: list[int] = []  # rows whose own shape split nothing: encoded one by one
+    for _ in range(MAX_SHAPES):
+        if not len(left):
+            break
+        split = split_rows(texts.take(pa.array(left, pa.int64())))
+        if split is None or not len(split.rows):  # its first row's shape split nothing (`{}`, nested too deep)
+            alone.append(int(left[0]))
+            left = left[1:]
+            continue
+        out[left[split.rows]] = snapshot_records(split.names, split.columns).to_numpy(zero_copy_only=False)
+        left = np.delete(left, split.rows)
+    rest = np.sort(np.concatenate([np.array(alone, dtype=np.int64), left.astype(np.int64)]))
+    for at, text in zip(rest, texts.take(pa.array(rest, pa.int64())).to_pylist(), strict=True):
         out[at] = snapshot_record(decode(text) or {}, key_fields)
     return pa.array(out, pa.binary())
 
 
-__all__ = ["SplitRows", "snapshot_records_of_texts", "split_rows"]
+__all__ = ["MAX_SHAPES", "SplitRows", "snapshot_records_of_texts", "split_rows"]
