@@ -815,7 +815,7 @@ def render(args: argparse.Namespace, fresh: list[FreshnessPhase], snaps: list[Sn
             "row's JSON), the rows typed by Spark (parsing it again) and bucketed through its shuffle, each row's "
             "protobuf record built from its JSON split into column tokens by Arrow kernels (json_columns.py). A "
             "PostgreSQL copy is encoded by the copy tasks from its column texts instead: the re-base sections' "
-            "initial snapshots, whose 1,000,000-row build takes about 6 s.",
+            "initial snapshots, whose 1,000,000-row build takes 6-7 s.",
             "",
         ]
     lines += [f"{n}" for n in notes]
