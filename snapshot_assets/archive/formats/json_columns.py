@@ -119,9 +119,11 @@ def snapshot_records_of_texts(texts: pa.Array, key_fields: Sequence[str], decode
                               ) -> pa.Array:
     """The delimited `SnapshotRow` record of each Go-JSON row text in `texts` (no nulls): built
     from its columns' tokens where the row splits (`split_rows`), else from the row `decode` makes
-    of it (which raises on a text that is no row)."""
-    out = np.full(len(texts), None, dtype=object)
-    left = np.arange(len(texts))  # the rows still without a record, ascending
+    of it (which raises on a text that is no row). The records of each shape stay Arrow arrays and
+    are put back in the texts' order with one take: no Python object per row but for rows encoded alone."""
+    positions: list[np.ndarray] = []  # per group of records: the rows they belong to
+    records: list[pa.Array] = []
+    left = np.arange(len(texts), dtype=np.int64)  # the rows still without a record, ascending
     alone: list[int] = []  # rows whose own shape split nothing: encoded one by one
     for _ in range(MAX_SHAPES):
         if not len(left):
@@ -131,12 +133,18 @@ def snapshot_records_of_texts(texts: pa.Array, key_fields: Sequence[str], decode
             alone.append(int(left[0]))
             left = left[1:]
             continue
-        out[left[split.rows]] = snapshot_records(split.names, split.columns).to_numpy(zero_copy_only=False)
+        positions.append(left[split.rows])
+        records.append(snapshot_records(split.names, split.columns))
         left = np.delete(left, split.rows)
-    rest = np.sort(np.concatenate([np.array(alone, dtype=np.int64), left.astype(np.int64)]))
-    for at, text in zip(rest, texts.take(pa.array(rest, pa.int64())).to_pylist(), strict=True):
-        out[at] = snapshot_record(decode(text) or {}, key_fields)
-    return pa.array(out, pa.binary())
+    rest = np.sort(np.concatenate([np.array(alone, dtype=np.int64), left]))
+    if len(rest):
+        positions.append(rest)
+        records.append(pa.array([snapshot_record(decode(text) or {}, key_fields)
+                                 for text in texts.take(pa.array(rest, pa.int64())).to_pylist()], pa.binary()))
+    if not records:
+        return pa.array([], pa.binary())
+    order = np.argsort(np.concatenate(positions), kind="stable")  # record i belongs at row positions[i]
+    return pa.concat_arrays(records).take(pa.array(order, pa.int64()))
 
 
 __all__ = ["MAX_SHAPES", "SplitRows", "snapshot_records_of_texts", "split_rows"]
