@@ -299,7 +299,11 @@ _stdlib_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=
 # Where Python's float repr and Go's encoding differ: integral floats (`1.0` vs `1`) and exponent
 # forms (Python switches to them below 1e-4 and from 1e16, Go below 1e-6 and from 1e21, with
 # different exponent padding). String literals are blanked first so their digits cannot match.
-_STRING_LITERALS = re.compile(r'"(?:[^"\\]|\\.)*"')
+#: The grammar of a JSON string token and of a JSON number token (RFC 8259), as regular expressions
+#: that Python's `re` and RE2 (Arrow's kernels) both read.
+STRING_TOKEN = r'"(?:[^"\\]|\\.)*"'
+NUMBER_TOKEN = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+_STRING_LITERALS = re.compile(STRING_TOKEN)
 _FLOAT_FORMS_GO_WRITES_OTHERWISE = re.compile(r"[0-9]\.0(?![0-9])|[0-9][eE][-+]?[0-9]")
 
 

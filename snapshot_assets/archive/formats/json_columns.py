@@ -33,15 +33,13 @@ from snapshot_assets.archive.changes import Row
 from snapshot_assets.archive.formats.protobuf import snapshot_record
 from snapshot_assets.archive.formats.protobuf_columns import snapshot_records
 
-_STRING = r'"(?:[^"\\]|\\.)*"'
-_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
-_SCALAR = rf"(?:{_STRING}|{_NUMBER}|true|false|null)"
+_SCALAR = rf"(?:{gojson.STRING_TOKEN}|{gojson.NUMBER_TOKEN}|true|false|null)"
 
 
 def _nested(inner: str) -> str:
     """A value that is a scalar, or an array or object of `inner` values."""
     array = rf"\[(?:{inner}(?:,{inner})*)?\]"
-    members = rf"{_STRING}:{inner}"
+    members = rf"{gojson.STRING_TOKEN}:{inner}"
     return rf"(?:{_SCALAR}|{array}|\{{(?:{members}(?:,{members})*)?\}})"
 
 

@@ -59,7 +59,7 @@ _NUMBER, _STRING = b"\x11", b"\x1a"  # number_value (2, fixed64), string_value (
 
 _PLAIN_STRING = r'^"[^"\\]*"$'
 _INTEGER = r"^(0|-?[1-9][0-9]*)$"
-_FLOAT = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
+_FLOAT = rf"^{gojson.NUMBER_TOKEN}$"
 #: An integer token of at most this many characters (sign included) fits an int64: Arrow casts it exactly.
 INT64_SAFE_CHARS = 18
 
